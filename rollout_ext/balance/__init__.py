@@ -1,0 +1,1 @@
+"""Tail-aware load balancing: pure-Python policy, length predictor, simulator."""

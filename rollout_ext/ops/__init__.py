@@ -1,0 +1,1 @@
+"""Device-neutral operations: a pure-torch reference beside each NPU implementation."""
