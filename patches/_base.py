@@ -1,0 +1,73 @@
+"""What every patch shares: the vLLM version guard, the signature check, and reversible swaps."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from rollout_ext.platform import vllm_version
+
+logger = logging.getLogger("rollout_ext")
+
+# vllm-ascend 0.23 pairs with vLLM 0.23; vllm-ascend main targets 0.27. CI runs 0.27.1 only.
+SUPPORTED_VLLM = ">=0.23,<0.28"
+
+
+class PatchError(RuntimeError):
+    """A patch cannot be applied to the installed vLLM."""
+
+
+def require_vllm(patch: str, spec: str = SUPPORTED_VLLM, version: Version | None = None) -> Version:
+    version = version or vllm_version()
+    if version is None:
+        raise PatchError(f"rollout_ext patch {patch!r}: vLLM is not installed")
+    if version not in SpecifierSet(spec):
+        raise PatchError(
+            f"rollout_ext patch {patch!r} supports vllm{spec}; found vllm {version}. "
+            f"Install a supported vLLM, or switch the module off."
+        )
+    return version
+
+
+def require_signature(patch: str, func, params: list[str]) -> None:
+    """Fail when upstream renamed or reordered the parameters our replacement relies on."""
+    found = [p for p in inspect.signature(func).parameters if p != "self"]
+    if found[: len(params)] != params:
+        raise PatchError(
+            f"rollout_ext patch {patch!r}: {func.__qualname__} has parameters {found}, expected {params} "
+            f"(vllm {vllm_version()}). The upstream code moved; this patch needs updating."
+        )
+
+
+_MISSING = object()
+
+
+class Swaps:
+    """Attribute replacements that can be undone exactly, in reverse order."""
+
+    def __init__(self, patch: str):
+        self.patch = patch
+        self._saved: list[tuple[object, str, object]] = []
+
+    @property
+    def applied(self) -> bool:
+        return bool(self._saved)
+
+    def replace(self, owner, attr: str, new) -> object:
+        """Set owner.attr = new; return what was visible before (inherited or own)."""
+        visible = getattr(owner, attr)
+        own = owner.__dict__.get(attr, _MISSING) if hasattr(owner, "__dict__") else _MISSING
+        self._saved.append((owner, attr, own))
+        setattr(owner, attr, new)
+        return visible
+
+    def revert(self) -> None:
+        while self._saved:
+            owner, attr, own = self._saved.pop()
+            if own is _MISSING:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, own)
