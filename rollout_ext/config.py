@@ -247,3 +247,8 @@ def _parse(env: Mapping[str, str]) -> tuple[dict, list[str]]:
     if home:
         values["ascend_toolkit_home"] = home
     return values, errors
+
+
+def environ_copy() -> dict[str, str]:
+    """A copy of this process's environment, for tools that start child processes with changes."""
+    return dict(os.environ)

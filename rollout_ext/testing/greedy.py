@@ -1,0 +1,116 @@
+"""Run real vLLM greedy decoding in a fresh process and return tokens, top-k log-probs and its log.
+
+Equivalence tests compare two such runs (plugin modules on vs. off). A fresh process per run keeps
+each configuration honest: the plugin registers from that process's environment alone, exactly as
+it does in a deployed engine.
+
+Child entry: `python -m rollout_ext.testing.greedy --spec JSON --out PATH`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rollout_ext.config import PREFIX, environ_copy
+
+KV_CACHE_BYTES = 256 * 2**20
+
+
+@dataclass
+class GreedySpec:
+    model: str
+    prompts: list[list[int]]
+    max_tokens: int = 16
+    tp: int = 1
+    enforce_eager: bool = True
+    dtype: str = "float32"
+    top_logprobs: int = 5
+    max_num_batched_tokens: int | None = None
+    max_model_len: int = 1024
+    enable_chunked_prefill: bool = True
+
+
+@dataclass
+class GreedyResult:
+    tokens: list[list[int]]
+    # Per request, per step: {token_id: logprob} of the top-k candidates.
+    logprobs: list[list[dict[int, float]]]
+    # The child's stdout and stderr together: vLLM logs to stdout, Python warnings go to stderr.
+    log: str = field(repr=False, default="")
+
+
+def child_env(env: dict[str, str], tp: int) -> dict[str, str]:
+    """This process's environment without plugin switches, plus `env` (the run's whole config)."""
+    base = {k: v for k, v in environ_copy().items() if not k.startswith(PREFIX) and k != "VLLM_PLUGINS"}
+    base.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1" if tp == 2 else "auto")
+    if tp == 2:
+        base["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
+    base["PYTHONUNBUFFERED"] = "1"
+    base.update(env)
+    return base
+
+
+def run_greedy(spec: GreedySpec, env: dict[str, str], timeout_s: float = 600) -> GreedyResult:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, "-m", "rollout_ext.testing.greedy", "--spec", json.dumps(asdict(spec)), "--out", str(out)]
+        proc = subprocess.run(
+            cmd, env=child_env(env, spec.tp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout_s
+        )
+        if proc.returncode != 0 or not out.exists():
+            tail = "\n".join(proc.stdout.splitlines()[-40:])
+            raise RuntimeError(f"vLLM run failed (exit {proc.returncode}) with env {env}:\n{tail}")
+        data = json.loads(out.read_text())
+    logprobs = [[{int(t): lp for t, lp in step.items()} for step in req] for req in data["logprobs"]]
+    return GreedyResult(tokens=data["tokens"], logprobs=logprobs, log=proc.stdout)
+
+
+def _generate(spec: GreedySpec) -> dict:
+    from vllm import LLM, SamplingParams
+
+    kwargs = dict(
+        model=spec.model,
+        tensor_parallel_size=spec.tp,
+        dtype=spec.dtype,
+        enforce_eager=spec.enforce_eager,
+        kv_cache_memory_bytes=KV_CACHE_BYTES,
+        skip_tokenizer_init=True,
+        max_model_len=spec.max_model_len,
+        enable_chunked_prefill=spec.enable_chunked_prefill,
+        seed=0,
+    )
+    if spec.max_num_batched_tokens:
+        kwargs["max_num_batched_tokens"] = spec.max_num_batched_tokens
+    if spec.tp > 1:
+        kwargs["distributed_executor_backend"] = "mp"
+    llm = LLM(**kwargs)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=spec.max_tokens, ignore_eos=True, logprobs=spec.top_logprobs, detokenize=False
+    )
+    outputs = llm.generate([{"prompt_token_ids": p} for p in spec.prompts], params, use_tqdm=False)
+    tokens, logprobs = [], []
+    for request in outputs:
+        completion = request.outputs[0]
+        tokens.append(list(completion.token_ids))
+        logprobs.append([{str(t): float(lp.logprob) for t, lp in step.items()} for step in completion.logprobs])
+    return {"tokens": tokens, "logprobs": logprobs}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--spec", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    spec = GreedySpec(**json.loads(args.spec))
+    Path(args.out).write_text(json.dumps(_generate(spec)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
