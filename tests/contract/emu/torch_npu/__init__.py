@@ -1,0 +1,143 @@
+"""Pure-torch emulation of the torch_npu ops rollout_ext calls (tests only; CPU tensors).
+
+Importing it does what the real package does to torch at import: the PrivateUse1 device is named
+"npu" and an "hccl" collective backend is registered for it (here: gloo underneath, with
+`get_hccl_comm_name`). Each op binds its arguments against the real 2.14 schema (`_schema.bind`)
+and then computes the op's DOCUMENTED math. Nothing here runs a real kernel.
+"""
+
+import itertools
+
+import torch
+import torch.distributed as dist
+
+from torch_npu import _schema
+from torch_npu._schema import CALLS, bind  # noqa: F401
+
+torch.utils.rename_privateuse1_backend("npu")
+
+
+# ---- HCCL backend emulation: communicator name <-> backend registry (emulation only) ----
+class EmulatedHcclBackend(dist.ProcessGroupGloo):
+    """Gloo collectives under the HCCL backend name, plus torch_npu's comm-name lookup."""
+
+    def get_hccl_comm_name(self, rank: int, init_comm: bool = True) -> str:
+        return self.comm_name
+
+
+HCCL_COMMS: dict[str, EmulatedHcclBackend] = {}
+_comm_ids = itertools.count()
+
+
+def _create_hccl_backend(store, rank, size, timeout):
+    backend = EmulatedHcclBackend(store, rank, size, timeout)
+    # Groups are created in the same order on every rank, so names agree across ranks.
+    backend.comm_name = f"emu_hccl_comm_{next(_comm_ids)}"
+    HCCL_COMMS[backend.comm_name] = backend  # also keeps the Python subclass alive
+    return backend
+
+
+dist.Backend.register_backend("hccl", _create_hccl_backend, devices=["npu"])
+
+
+# ---- npu_apply_rotary_pos_emb (aclnnApplyRotaryPosEmb, documented formula) ----
+def _rotate_half(x):
+    first, second = torch.chunk(x, 2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def npu_apply_rotary_pos_emb(*args, **kwargs):
+    """q = q*cos + rotate_half(q)*sin, same for k, written in place; returns (query, key)."""
+    a = bind("npu_apply_rotary_pos_emb", args, kwargs)
+    query, key, cos, sin = a["query"], a["key"], a["cos"], a["sin"]
+    if a["layout"] != "BSND":
+        raise NotImplementedError(f"emulation models layout BSND only, got {a['layout']}")
+    if a["rotary_mode"] != "half":
+        raise NotImplementedError(f"emulation models rotary_mode 'half' only, got {a['rotary_mode']}")
+    for name, t in (("query", query), ("key", key), ("cos", cos), ("sin", sin)):
+        if t.dim() != 4:
+            raise ValueError(f"npu_apply_rotary_pos_emb: {name} must be 4-D BSND, got {tuple(t.shape)}")
+    head_dim = query.shape[-1]
+    if head_dim not in (64, 128) or key.shape[-1] != head_dim:
+        raise ValueError(f"npu_apply_rotary_pos_emb: head dim must be 64 or 128, got {head_dim}")
+    if query.shape[:2] != key.shape[:2]:
+        raise ValueError("npu_apply_rotary_pos_emb: query and key must share B and S")
+    expected_cs = (query.shape[0], query.shape[1], 1, head_dim)
+    if tuple(cos.shape) != expected_cs or tuple(sin.shape) != expected_cs:
+        raise ValueError(f"npu_apply_rotary_pos_emb: cos/sin must be {expected_cs}, got {tuple(cos.shape)}")
+    if len({query.dtype, key.dtype, cos.dtype, sin.dtype}) != 1:
+        raise TypeError("npu_apply_rotary_pos_emb: query, key, cos, sin must share one dtype")
+    query.copy_(query * cos + _rotate_half(query) * sin)
+    key.copy_(key * cos + _rotate_half(key) * sin)
+    return query, key
+
+
+# ---- _npu_rotary_embedding (ATB RopeOperation via op-plugin RopeAtb.cpp) ----
+# Like the real op, the first cos_sin_cache ever seen is kept for the life of the process.
+_ATB_ROPE_CACHED_TABLE: list[torch.Tensor] = []
+
+
+def _rotate_interleaved(x):
+    even, odd = x[..., ::2], x[..., 1::2]
+    return torch.stack((-odd, even), dim=-1).flatten(-2)
+
+
+def _npu_rotary_embedding(*args, **kwargs):
+    """In place on query/key [T, heads*width]; width = cos_sin_cache's last dim. rotaryCoeff is
+    2 (halves) for neox, else head_size, which must equal the width (pairs interleaved)."""
+    a = bind("_npu_rotary_embedding", args, kwargs)
+    positions, query, key = a["positions"], a["query"], a["key"]
+    if not _ATB_ROPE_CACHED_TABLE:
+        _ATB_ROPE_CACHED_TABLE.append(a["cos_sin_cache"].clone())
+    table = _ATB_ROPE_CACHED_TABLE[0]  # the quirk: later tables are ignored
+    width = table.shape[-1]
+    for name, t in (("query", query), ("key", key)):
+        if t.dtype not in (torch.float16, torch.bfloat16):
+            raise TypeError(f"_npu_rotary_embedding: {name} must be fp16 or bf16, got {t.dtype}")
+        if t.dim() != 2 or not t.is_contiguous():
+            raise ValueError(f"_npu_rotary_embedding: {name} must be contiguous 2-D [T, hidden]")
+        if t.shape[0] != positions.numel() or t.shape[1] % width:
+            raise ValueError(f"_npu_rotary_embedding: {name} {tuple(t.shape)} does not fit width {width}")
+    cos_half, sin_half = table.index_select(0, positions.flatten()).chunk(2, dim=-1)
+    if a["is_neox_style"]:
+        cos, sin, rotate = torch.cat((cos_half,) * 2, -1), torch.cat((sin_half,) * 2, -1), _rotate_half
+    else:
+        if a["head_size"] != width:
+            raise ValueError(
+                f"_npu_rotary_embedding: rotaryCoeff=head_size={a['head_size']} must equal the "
+                f"cos width {width} in interleaved mode"
+            )
+        cos = cos_half.repeat_interleave(2, dim=-1)
+        sin = sin_half.repeat_interleave(2, dim=-1)
+        rotate = _rotate_interleaved
+    for t in (query, key):
+        heads = t.view(t.shape[0], -1, width)
+        c, s = cos.unsqueeze(1).to(t.dtype), sin.unsqueeze(1).to(t.dtype)
+        heads.copy_(heads * c + rotate(heads) * s)
+
+
+# ---- npu_mm_all_reduce_base (MatmulAllReduce, documented formula) ----
+def npu_mm_all_reduce_base(*args, **kwargs):
+    """output = allreduce(x1 @ x2 + bias) over the group named by hcom (sum only)."""
+    a = bind("npu_mm_all_reduce_base", args, kwargs)
+    x1, x2, bias = a["x1"], a["x2"], a["bias"]
+    if a["reduce_op"] != "sum":
+        raise ValueError(f"npu_mm_all_reduce_base: only reduce_op='sum' is supported, got {a['reduce_op']}")
+    if x1.dim() not in (2, 3) or x2.dim() != 2 or x2.shape[0] != x1.shape[-1]:
+        raise ValueError(f"npu_mm_all_reduce_base: bad shapes x1 {tuple(x1.shape)} x2 {tuple(x2.shape)}")
+    if x1.dtype not in (torch.float16, torch.bfloat16) or x2.dtype != x1.dtype:
+        raise TypeError("npu_mm_all_reduce_base: unquantized x1/x2 must both be fp16 or both bf16")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != x2.shape[1] or bias.dtype != x1.dtype):
+        raise ValueError("npu_mm_all_reduce_base: bias must be 1-D [n] with x1's dtype")
+    backend = HCCL_COMMS.get(a["hcom"])
+    if backend is None:
+        raise ValueError(f"npu_mm_all_reduce_base: unknown hcom {a['hcom']!r}")
+    out = x1 @ x2
+    if bias is not None:
+        out = out + bias
+    out = out.contiguous()
+    backend.allreduce([out]).wait()
+    return out
+
+
+from torch_npu import atb  # noqa: E402  (atb ops are exposed as torch_npu.atb.*)
