@@ -1,0 +1,333 @@
+"""Discrete-event simulator of R decode replicas driving a balancing policy through its public API.
+
+Each replica is a vLLM-like engine: a local FCFS waiting queue, a running batch capped by
+`max_num_seqs` and by KV capacity (with recompute preemption of the newest sequence when the
+next step would not fit), and decode steps timed by `StepModel`. Admitting a sequence costs a
+prefill of its prompt (plus generated tokens for a moved or preempted one: the re-prefill).
+
+Speed: a replica is never stepped token by token. Between its events (next finish, next chunk
+boundary, KV full, or an admission request from outside) the batch is fixed and KV grows by B
+tokens a step, so the time of n steps is an arithmetic series (`StepModel.steps_s`). Events of
+all replicas sit in one heapq; stale ones are skipped by a version number.
+
+Chunks: every `chunk_tokens` generated tokens a sequence returns to the caller, which releases
+it and acquires again (like the chunked-continuation router). If the policy answers another
+replica, the sequence moves there and pays a re-prefill; if it answers None, it is parked
+until the policy places it (`take_ready`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rollout_ext.balance.request import Request
+from rollout_ext.balance.step_model import StepModel
+from rollout_ext.balance.workload import Workload
+
+
+@dataclass
+class SimResult:
+    makespan_s: float
+    moves: int
+    preemptions: int
+    finish_s: dict[str, float]
+    busy_intervals: dict[str, list[tuple[float, float]]]  # replica -> [(start, end)] busy
+    placements: int  # acquire answers that started or moved a chunk on a replica
+    snapshot: dict = field(default_factory=dict)
+
+    def busy_count_timeline(self) -> tuple[np.ndarray, np.ndarray]:
+        """(times, busy replicas from that time on), a step function."""
+        deltas: dict[float, int] = {}
+        for spans in self.busy_intervals.values():
+            for start, end in spans:
+                if end > start:
+                    deltas[start] = deltas.get(start, 0) + 1
+                    deltas[end] = deltas.get(end, 0) - 1
+        times = np.array(sorted(deltas))
+        counts = np.cumsum([deltas[t] for t in times])
+        return times, counts
+
+    def tail_fraction(self, replicas: int) -> float:
+        """Share of wall time with fewer than half of the replicas busy."""
+        times, counts = self.busy_count_timeline()
+        if self.makespan_s <= 0 or times.size == 0:
+            return 0.0
+        ends = np.append(times[1:], self.makespan_s)
+        below = (counts < replicas / 2) & (ends > times)
+        low = float(np.sum((ends - times)[below]))
+        low += float(times[0])  # before the first start nothing is busy
+        return low / self.makespan_s
+
+    def idle_replica_s(self, replicas: int) -> float:
+        busy = sum(end - start for spans in self.busy_intervals.values() for start, end in spans)
+        return replicas * self.makespan_s - busy
+
+
+class _Seq:
+    __slots__ = ("rid", "prompt", "length", "generated", "join_step", "target", "prefill")
+
+    def __init__(self, rid: str, prompt: int, length: int) -> None:
+        self.rid = rid
+        self.prompt = prompt
+        self.length = length
+        self.generated = 0  # at join_step
+        self.join_step = 0
+        self.target = 0  # replica step at which it finishes or hits a chunk boundary
+        self.prefill = prompt  # tokens to prefill when admitted next
+
+
+class _Replica:
+    __slots__ = ("rid", "time_s", "step", "kv", "running", "waiting", "targets", "version",
+                 "event_step", "busy_since", "alive")
+
+    def __init__(self, rid: str) -> None:
+        self.rid = rid
+        self.time_s = 0.0
+        self.step = 0
+        self.kv = 0
+        self.running: dict[str, _Seq] = {}  # admission order (newest last: preempted first)
+        self.waiting: deque[_Seq] = deque()
+        self.targets: list[tuple[int, str]] = []
+        self.version = 0
+        self.event_step = -1
+        self.busy_since: float | None = None
+        self.alive = True
+
+
+class Simulator:
+    def __init__(self, workload: Workload, policy, replicas: int, *, model: StepModel | None = None,
+                 chunk_tokens: int = 2048, kv_watermark: float = 0.01) -> None:
+        if replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {replicas}")
+        if chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+        self.workload = workload
+        self.policy = policy
+        self.model = model or StepModel()
+        self.chunk_tokens = chunk_tokens
+        self.kv_limit = int(self.model.kv_capacity_tokens * (1 - kv_watermark))
+        self.reps = {f"r{i}": _Replica(f"r{i}") for i in range(replicas)}
+        self.seqs = {
+            rid: _Seq(rid, int(p), int(n))
+            for rid, p, n in zip(workload.request_ids, workload.prompt_tokens, workload.lengths)
+        }
+        self._events: list = []
+        self._tiebreak = itertools.count()
+        self.finish_s: dict[str, float] = {}
+        self.busy: dict[str, list[tuple[float, float]]] = {rid: [] for rid in self.reps}
+        self.moves = 0
+        self.preemptions = 0
+        self.placements = 0
+        self._removals: list[tuple[float, str]] = []
+
+    def remove_replica_at(self, time_s: float, replica_id: str) -> None:
+        """Schedule a replica failure/scale-down: the policy must re-dispatch its work."""
+        self._removals.append((time_s, replica_id))
+
+    # ---- main loop ------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        w = self.workload
+        for rid in self.reps:
+            self.policy.add_replica(rid)
+        for i, rid in enumerate(w.request_ids):
+            self.policy.submit(Request(rid, w.group_keys[i], int(w.sample_index[i]),
+                                       int(w.prompt_tokens[i]), int(w.config.cap_tokens), w.prompt_hashes[i]))
+        touched: set = set()
+        for rid in w.request_ids:
+            replica = self.policy.acquire(rid, 0)
+            if replica is not None:
+                self._dispatch(rid, replica, touched)
+        self._drain_ready(0.0, None, touched)
+        for time_s, replica_id in self._removals:
+            heapq.heappush(self._events, (time_s, next(self._tiebreak), "remove", replica_id, 0))
+
+        now = 0.0
+        while self._events:
+            now, _, kind, replica_id, version = heapq.heappop(self._events)
+            if kind == "remove":
+                self._remove(replica_id, now)
+                continue
+            rep = self.reps[replica_id]
+            if not rep.alive or version != rep.version:
+                continue
+            self._on_event(rep)
+
+        missing = len(self.seqs) - len(self.finish_s)
+        if missing:
+            raise RuntimeError(f"simulation stalled: {missing} requests never finished (policy starved them)")
+        makespan = max(self.finish_s.values()) if self.finish_s else 0.0
+        return SimResult(makespan, self.moves, self.preemptions, self.finish_s, self.busy,
+                         self.placements, self.policy.snapshot())
+
+    # ---- replica mechanics ----------------------------------------------------------------
+    def _advance(self, rep: _Replica, steps: int) -> None:
+        if steps <= 0:
+            return
+        batch = len(rep.running)
+        rep.time_s += self.model.steps_s(batch, rep.kv, steps)
+        rep.kv += batch * steps
+        rep.step += steps
+
+    def _on_event(self, rep: _Replica) -> None:
+        self._advance(rep, rep.event_step - rep.step)
+        now = rep.time_s
+        touched: set = set()
+        while rep.targets and rep.targets[0][0] <= rep.step:
+            target, rid = heapq.heappop(rep.targets)
+            seq = rep.running.get(rid)
+            if seq is None or seq.target != target:
+                continue  # stale entry: the sequence left this replica
+            self._at_target(rep, seq, now, touched)
+        self._preempt_if_full(rep)
+        self._drain_ready(now, rep, touched)
+        self._kick(rep, now)
+
+    def _at_target(self, rep: _Replica, seq: _Seq, now: float, touched: set) -> None:
+        generated = seq.generated + rep.step - seq.join_step
+        if generated >= seq.length:
+            self._leave(rep, seq, generated)
+            self.policy.release(seq.rid, rep.rid, generated, True)
+            self.finish_s[seq.rid] = now
+            return
+        self.policy.release(seq.rid, rep.rid, generated, False)
+        replica = self.policy.acquire(seq.rid, generated)
+        if replica == rep.rid:
+            seq.generated, seq.join_step = generated, rep.step
+            self._set_target(rep, seq)
+            return
+        self._leave(rep, seq, generated)
+        seq.prefill = seq.prompt + generated  # the prefix cache of the old replica is lost
+        if replica is not None:
+            self.moves += 1
+            self._dispatch(seq.rid, replica, touched)
+
+    def _leave(self, rep: _Replica, seq: _Seq, generated: int) -> None:
+        del rep.running[seq.rid]
+        rep.kv -= seq.prompt + generated
+        seq.generated = generated
+
+    def _set_target(self, rep: _Replica, seq: _Seq) -> None:
+        to_boundary = (seq.generated // self.chunk_tokens + 1) * self.chunk_tokens - seq.generated
+        seq.target = rep.step + min(seq.length - seq.generated, to_boundary)
+        heapq.heappush(rep.targets, (seq.target, seq.rid))
+
+    def _preempt_if_full(self, rep: _Replica) -> None:
+        # The next step adds one token per running sequence; recompute-preempt the newest.
+        while rep.running and rep.kv + len(rep.running) > self.model.kv_capacity_tokens:
+            rid = next(reversed(rep.running))
+            seq = rep.running[rid]
+            self._leave(rep, seq, seq.generated + rep.step - seq.join_step)
+            seq.prefill = seq.prompt + seq.generated
+            rep.waiting.appendleft(seq)
+            self.preemptions += 1
+
+    def _admit(self, rep: _Replica) -> None:
+        prefill_tokens = 0
+        while rep.waiting and len(rep.running) < self.model.max_num_seqs:
+            seq = rep.waiting[0]
+            need = seq.prompt + seq.generated
+            if rep.running and rep.kv + need + len(rep.running) + 1 > self.kv_limit:
+                break
+            rep.waiting.popleft()
+            rep.running[seq.rid] = seq
+            rep.kv += need
+            prefill_tokens += seq.prefill
+            seq.prefill = 0
+            seq.join_step = rep.step
+            self._set_target(rep, seq)
+        if prefill_tokens:
+            rep.time_s += self.model.prefill_s(prefill_tokens)
+
+    def _kick(self, rep: _Replica, now: float) -> None:
+        """Admit waiting work and schedule the replica's next event (or mark it idle)."""
+        if not rep.alive:
+            return
+        if not rep.running:
+            rep.time_s = max(rep.time_s, now)
+        self._admit(rep)
+        rep.version += 1
+        if not rep.running:
+            if rep.busy_since is not None:
+                self.busy[rep.rid].append((rep.busy_since, rep.time_s))
+                rep.busy_since = None
+            rep.event_step = -1
+            return
+        if rep.busy_since is None:
+            rep.busy_since = now
+        while rep.targets:
+            target, rid = rep.targets[0]
+            seq = rep.running.get(rid)
+            if seq is not None and seq.target == target:
+                break
+            heapq.heappop(rep.targets)
+        batch = len(rep.running)
+        kv_full_steps = max(1, (self.model.kv_capacity_tokens - rep.kv) // batch)
+        steps = min(rep.targets[0][0] - rep.step, kv_full_steps)
+        self._schedule(rep, rep.step + max(1, steps))
+
+    def _schedule(self, rep: _Replica, step: int) -> None:
+        rep.event_step = step
+        time_s = rep.time_s + self.model.steps_s(len(rep.running), rep.kv, step - rep.step)
+        heapq.heappush(self._events, (time_s, next(self._tiebreak), "step", rep.rid, rep.version))
+
+    def _dispatch(self, rid: str, replica_id: str, touched: set) -> None:
+        rep = self.reps[replica_id]
+        rep.waiting.append(self.seqs[rid])
+        self.placements += 1
+        touched.add(replica_id)
+
+    def _wake(self, touched: set, now: float, current: _Replica | None) -> None:
+        """Replicas that got work: an idle one starts now; a busy one admits after its step."""
+        for replica_id in sorted(touched):
+            rep = self.reps[replica_id]
+            if rep is current or not rep.alive:
+                continue  # the current replica admits when its event finishes
+            if not rep.running:
+                self._kick(rep, now)
+                continue
+            done = self.model.steps_within_s(len(rep.running), rep.kv, now - rep.time_s)
+            step = rep.step + done + 1
+            if step < rep.event_step:
+                rep.version += 1
+                self._schedule(rep, step)
+
+    def _drain_ready(self, now: float, current: _Replica | None, touched: set | None = None) -> None:
+        touched = set() if touched is None else touched
+        for rid, replica_id in self.policy.take_ready():
+            self._dispatch(rid, replica_id, touched)
+        self._wake(touched, now, current)
+
+    def _remove(self, replica_id: str, now: float) -> None:
+        rep = self.reps[replica_id]
+        if not rep.alive:
+            return
+        if rep.running:
+            done = self.model.steps_within_s(len(rep.running), rep.kv, now - rep.time_s)
+            self._advance(rep, min(done, max(0, rep.event_step - rep.step)))
+        for seq in rep.running.values():
+            seq.generated += rep.step - seq.join_step
+            seq.prefill = seq.prompt + seq.generated
+        for seq in rep.waiting:
+            seq.prefill = seq.prompt + seq.generated
+        rep.running.clear()
+        rep.waiting.clear()
+        rep.alive = False
+        rep.version += 1
+        if rep.busy_since is not None:
+            self.busy[rep.rid].append((rep.busy_since, max(now, rep.busy_since)))
+            rep.busy_since = None
+        touched: set = set()
+        for rid in self.policy.remove_replica(replica_id):
+            replica = self.policy.acquire(rid, self.seqs[rid].generated)
+            if replica is not None:
+                self._dispatch(rid, replica, touched)
+        self._drain_ready(now, None, touched)
+
+
+def simulate(workload: Workload, policy, replicas: int, **kwargs) -> SimResult:
+    return Simulator(workload, policy, replicas, **kwargs).run()

@@ -1,0 +1,145 @@
+"""Decode step-time model of one replica, and the makespan lower bound T* built on it.
+
+Step time of a replica decoding a batch of B sequences holding K KV tokens:
+
+    step_s(B, K) = base_ms + K * kv_read_ns_per_token + B * per_seq_us
+
+Decode is memory-bound: every step reads all weights once (plus TP all-reduces and launch
+overhead, folded into `base_ms`) and reads every resident KV token once. The per-sequence term
+covers sampling, detokenisation and scheduler bookkeeping.
+
+Where the default numbers come from (a Qwen2.5-32B-class model, TP8, H100-SXM-class node; this
+is an estimate from spec sheets plus one measured anchor, not a fit to one trace):
+- `base_ms = 8.0`: the anchor. Low-batch inter-token latency of 32B-class models at TP8 in
+  vLLM is about 8 ms (the value used by the project's earlier simulation, DESIGN.md
+  "Tail balancing"). Pure weight read is only ~2.4 ms (64 GB / 8 GPUs / 3.35 TB/s); the rest
+  is 128 all-reduces per step and kernel launches.
+- `kv_read_ns_per_token = 12`: Qwen2.5-32B has 64 layers x 8 KV heads x 128 dims x 2 (K,V) x
+  2 bytes = 256 KiB per token, 32 KiB per GPU at TP8; at ~2.7 TB/s effective HBM bandwidth
+  that is 12 ns per resident token.
+- `per_seq_us = 27`: chosen so that a saturated replica (256 sequences, ~1M KV tokens) steps
+  in ~27 ms, matching the 25-29 ms a step observed for long sequences beside bulk work.
+- `prefill_us_per_token = 20`: compute-bound prefill, 2 x 32e9 FLOP per token over 8 GPUs at
+  ~400 TFLOP/s effective; a 16K-token re-prefill costs ~0.33 s (DESIGN.md: "about 0.3 s").
+- `max_num_seqs = 256` (vLLM default) and `kv_capacity_tokens = 1_000_000`: ~32 GB of KV
+  per GPU (80 GB x 0.9 utilisation minus 8 GB weights and activations, halved for headroom).
+
+Lower bound (DESIGN.md ground rules): for lengths L_i on R replicas,
+
+    T* = max over k of [ k * tau_1 + (sum_i (L_i - k)^+ / X_sat + prefill work) / R ]
+
+tau_1 is the per-token time of a lone sequence (base + one sequence, no KV: a true lower
+bound). X_sat is a replica's saturated decode throughput, built from the token-weighted mean
+context (the context each decoded token actually sees), because KV capacity caps the batch.
+The prefill of every sequence with L_i >= k is added to the shared term: it must happen
+before that sequence's first L_i - k tokens, which all precede the last k steps of the
+sequence that gets there last.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepModel:
+    base_ms: float = 8.0  # weight read + collectives + launch overhead of one decode step
+    kv_read_ns_per_token: float = 12.0  # time to read one resident KV token per step
+    per_seq_us: float = 27.0  # per running sequence per step (sampling, scheduling)
+    prefill_us_per_token: float = 20.0  # compute-bound prefill / re-prefill cost per token
+    max_num_seqs: int = 256  # vLLM max_num_seqs: running batch cap per replica
+    kv_capacity_tokens: int = 1_000_000  # KV cache size per replica, in tokens
+
+    def __post_init__(self) -> None:
+        for name in ("base_ms", "kv_read_ns_per_token", "per_seq_us", "prefill_us_per_token"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"StepModel.{name} must be >= 0, got {getattr(self, name)}")
+        if self.base_ms <= 0:
+            raise ValueError(f"StepModel.base_ms must be > 0, got {self.base_ms}")
+        if self.max_num_seqs < 1 or self.kv_capacity_tokens < 1:
+            raise ValueError("StepModel.max_num_seqs and kv_capacity_tokens must be >= 1")
+
+    @property
+    def kv_s(self) -> float:
+        return self.kv_read_ns_per_token * 1e-9
+
+    def fixed_s(self, num_seqs: int) -> float:
+        """Step time that does not depend on KV size."""
+        return self.base_ms * 1e-3 + num_seqs * self.per_seq_us * 1e-6
+
+    def step_s(self, num_seqs: int, kv_tokens: float) -> float:
+        return self.fixed_s(num_seqs) + kv_tokens * self.kv_s
+
+    def steps_s(self, num_seqs: int, kv_tokens: float, num_steps: int) -> float:
+        """Time of `num_steps` steps with a fixed batch; KV grows by num_seqs each step,
+        so the KV term is an arithmetic series."""
+        n = num_steps
+        return n * self.step_s(num_seqs, kv_tokens) + self.kv_s * num_seqs * n * (n - 1) / 2
+
+    def steps_within_s(self, num_seqs: int, kv_tokens: float, elapsed_s: float) -> int:
+        """Largest n with steps_s(num_seqs, kv_tokens, n) <= elapsed_s (inverse of the series)."""
+        if elapsed_s <= 0:
+            return 0
+        a = self.step_s(num_seqs, kv_tokens)
+        c = self.kv_s * num_seqs / 2
+        if c <= 0:
+            n = int(elapsed_s / a)
+        else:
+            # c n^2 + (a - c) n - elapsed = 0
+            b = a - c
+            n = int((-b + math.sqrt(b * b + 4 * c * elapsed_s)) / (2 * c))
+        while n > 0 and self.steps_s(num_seqs, kv_tokens, n) > elapsed_s:
+            n -= 1
+        while self.steps_s(num_seqs, kv_tokens, n + 1) <= elapsed_s:
+            n += 1
+        return n
+
+    def prefill_s(self, tokens: float) -> float:
+        return tokens * self.prefill_us_per_token * 1e-6
+
+    @property
+    def lone_token_s(self) -> float:
+        """tau_1: per-token time of a sequence decoding alone, KV read excluded (a floor)."""
+        return self.fixed_s(1)
+
+    def saturated_tokens_per_s(self, mean_context_tokens: float) -> float:
+        """X_sat: a replica's decode throughput with the batch as large as slots and KV allow."""
+        ctx = max(1.0, mean_context_tokens)
+        batch = max(1, min(self.max_num_seqs, int(self.kv_capacity_tokens // ctx)))
+        return batch / self.step_s(batch, batch * ctx)
+
+
+def token_weighted_context(lengths: np.ndarray, prompt_lens: np.ndarray) -> float:
+    """Mean context seen by a decoded token: sum_i sum_t (P_i + t) / sum_i L_i."""
+    lengths = np.asarray(lengths, dtype=np.float64)
+    prompt_lens = np.asarray(prompt_lens, dtype=np.float64)
+    total = lengths.sum()
+    if total <= 0:
+        return float(prompt_lens.mean()) if prompt_lens.size else 0.0
+    return float((prompt_lens * lengths + lengths * (lengths + 1) / 2).sum() / total)
+
+
+def lower_bound_s(lengths, prompt_lens, replicas: int, model: StepModel) -> float:
+    """T* for these sequences on `replicas` replicas (see module docstring)."""
+    if replicas < 1:
+        raise ValueError(f"replicas must be >= 1, got {replicas}")
+    lengths = np.asarray(lengths, dtype=np.float64)
+    prompt_lens = np.asarray(prompt_lens, dtype=np.float64)
+    if lengths.size == 0:
+        return 0.0
+    x_sat = model.saturated_tokens_per_s(token_weighted_context(lengths, prompt_lens))
+    order = np.argsort(lengths, kind="stable")
+    lengths, prompt_lens = lengths[order], prompt_lens[order]
+    prompt_suffix = np.concatenate((np.cumsum(prompt_lens[::-1])[::-1], [0.0]))
+    # The bracket is piecewise linear in k with breakpoints at the lengths, so checking
+    # k = 0 and every distinct length finds the maximum.
+    ks = np.concatenate(([0.0], np.unique(lengths)))
+    suffix = np.concatenate((np.cumsum(lengths[::-1])[::-1], [0.0]))  # sum of lengths[j:]
+    idx = np.searchsorted(lengths, ks, side="right")  # first index with length > k
+    tail_tokens = suffix[idx] - ks * (lengths.size - idx)
+    prefill_s = model.prefill_s(prompt_suffix[np.searchsorted(lengths, ks, side="left")])
+    values = ks * model.lone_token_s + (tail_tokens / x_sat + prefill_s) / replicas
+    return float(values.max())
