@@ -1,0 +1,40 @@
+"""The plugin inside real vLLM on CPU: loaded in every process, and output unchanged."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from rollout_ext.testing.equivalence import assert_equivalent, module_env
+
+pytestmark = pytest.mark.heavy
+
+VANILLA = {"VLLM_PLUGINS": ""}
+LINE = re.compile(r"rollout_ext 0\.1\.0: device=cpu vllm=\S+ modules=\[(?P<modules>[^\]]*)\] \(pid (?P<pid>\d+), (?P<proc>[^)]+)\)")
+
+
+def plugin_lines(log: str) -> list[dict]:
+    return [m.groupdict() for m in LINE.finditer(log)]
+
+
+def test_tp2_eager_plugin_in_every_process_and_output_unchanged(greedy_run, baseline):
+    with_plugin = baseline("qwen2", 2, True)
+    lines = plugin_lines(with_plugin.log)
+    processes = {line["proc"] for line in lines}
+    assert {"MainProcess", "EngineCore", "VllmWorker-0", "VllmWorker-1"} <= processes, lines
+    # One line per process: the plugin is idempotent however often vLLM loads it.
+    pids = [line["pid"] for line in lines]
+    assert len(pids) == len(set(pids))
+    without = greedy_run("qwen2", 2, True, VANILLA)
+    assert plugin_lines(without.log) == []
+    assert_equivalent(with_plugin, without, atol=0.0)
+
+
+def test_tp1_compiled_default_modules_output_unchanged(greedy_run):
+    defaults = greedy_run("qwen2", 1, False, module_env(rope_cache="1"))
+    lines = plugin_lines(defaults.log)
+    assert {"MainProcess", "EngineCore"} <= {line["proc"] for line in lines}
+    assert all(line["modules"] == "rope_cache" for line in lines)
+    without = greedy_run("qwen2", 1, False, VANILLA)
+    assert_equivalent(defaults, without, atol=1e-4)
