@@ -4,7 +4,6 @@ Checks, on every rank: the fused path calls npu_mm_all_reduce_base with the bias
 resolves hcom per process group (two groups -> two names, each reaching its own communicator),
 and equals both the reference path and the unsharded F.linear."""
 
-import os
 import sys
 
 import torch
@@ -38,8 +37,8 @@ def mm_calls():
 
 
 def worker(rank: int, port: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("cpu:gloo,npu:hccl", rank=rank, world_size=WORLD_SIZE)
+    dist.init_process_group("cpu:gloo,npu:hccl", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=WORLD_SIZE)
     try:
         group_a, group_b = TpGroup([0, 1]), TpGroup([0, 1])
         gen = torch.Generator().manual_seed(0)
