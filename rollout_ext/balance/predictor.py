@@ -224,7 +224,8 @@ class LengthPredictor:
                 mean_a = self.rho * shrink * resid
                 sd = math.sqrt(self.rho**2 * var_prev + (1 - self.rho**2) * self.sd_a**2)
             group = _Group(mean_a + max(sd, 1e-3) * self._unit_grid, -0.5 * self._unit_grid**2)
-            group.prior_prediction = math.exp(self._mu(request.prompt_len) + mean_a + 0.5 * (sd**2 + self.sd_e**2))
+            # The prompt-length prior alone (no history, no siblings), for calibration reports.
+            group.prior_prediction = math.exp(self._mu(request.prompt_len) + 0.5 * (self.sd_a**2 + self.sd_e**2))
             group.prior_prediction = min(group.prior_prediction, float(request.max_tokens))
             group.prompt_len = request.prompt_len
             self._groups[request.group_key] = group

@@ -130,3 +130,22 @@ def _solve_mu(z: np.ndarray, mean_tokens: float, cap_tokens: int) -> float:
         else:
             hi = mid
     return (lo + hi) / 2
+
+
+def requests_of(workload: Workload) -> list:
+    """The batch as the policy sees it (no true lengths)."""
+    from rollout_ext.balance.request import Request
+
+    w = workload
+    return [
+        Request(w.request_ids[i], w.group_keys[i], int(w.sample_index[i]), int(w.prompt_tokens[i]),
+                int(w.config.cap_tokens), w.prompt_hashes[i])
+        for i in range(len(w))
+    ]
+
+
+def warm_history(predictor, workload: Workload) -> None:
+    """Feed a finished epoch (e.g. epoch -1) to a predictor, as the trainer's last step would."""
+    for request, length in zip(requests_of(workload), workload.lengths):
+        predictor.observe(request, int(length), True)
+    predictor.end_epoch()

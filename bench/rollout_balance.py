@@ -1,0 +1,258 @@
+"""Compare rollout load-balancing policies on synthetic DAPO batches against the lower bound T*.
+
+--sim: the discrete-event simulator (rollout_ext.balance.simulator) with the step-time model in
+rollout_ext.balance.step_model. The length predictor is warmed with one previous epoch of the
+same prompts (drifted), as a trainer would have after its first step; the table says so.
+Every makespan is reported as T / T*. `tail_aware_oracle` (tail_aware with true lengths) is
+run too, so the gap of tail_aware splits into prediction error (tail_aware vs
+tail_aware_oracle) and what remains with perfect prediction (move cost and critical path).
+
+--real: real vLLM replicas (not yet available).
+
+Example:
+  python bench/rollout_balance.py --sim --replicas 16,128 --json /tmp/b.json --plot /tmp/b.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from rollout_ext.balance.policy import OracleLPTPolicy, RoundRobinPolicy, VerlDefaultPolicy  # noqa: E402
+from rollout_ext.balance.predictor import LengthPredictor, OraclePredictor  # noqa: E402
+from rollout_ext.balance.simulator import simulate  # noqa: E402
+from rollout_ext.balance.step_model import StepModel, lower_bound_s  # noqa: E402
+from rollout_ext.balance.tail_aware import TailAwareConfig, TailAwarePolicy  # noqa: E402
+from rollout_ext.balance.workload import WorkloadConfig, make_workload, warm_history  # noqa: E402
+
+POLICIES = ["round_robin", "verl_default", "tail_aware_placement", "tail_aware", "oracle_lpt", "tail_aware_oracle"]
+
+
+def _int_list(flag: str, text: str, minimum: int) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"error: {flag}={text!r} is not a comma-separated list of integers")
+    if not values or min(values) < minimum:
+        raise SystemExit(f"error: {flag}={text!r}: every value must be an integer >= {minimum}")
+    return values
+
+
+def _check(flag: str, value, ok: bool, allowed: str):
+    if not ok:
+        raise SystemExit(f"error: {flag}={value!r} is invalid; allowed: {allowed}")
+    return value
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--sim", action="store_true", help="simulated replicas")
+    mode.add_argument("--real", action="store_true", help="real vLLM replicas (not yet available)")
+    p.add_argument("--replicas", default="4,16,64,128")
+    p.add_argument("--prompts", type=int, default=512)
+    p.add_argument("--samples", type=int, default=16)
+    p.add_argument("--mean-len", type=float, default=3500.0)
+    p.add_argument("--cap", type=int, default=20480)
+    p.add_argument("--icc", type=float, default=0.6)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--chunk-tokens", type=int, default=2048)
+    p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--json", default=None, help="write results here")
+    p.add_argument("--plot", default=None, help="PNG: utilisation timelines; PATH with _ratio for ratio vs R")
+    p.add_argument("--timeline-replicas", type=int, default=None, help="R for the timeline plot")
+    a = p.parse_args(argv)
+    if a.real:
+        raise SystemExit("error: --real is not yet available; use --sim")
+    a.replica_list = _int_list("--replicas", a.replicas, 1)
+    _check("--prompts", a.prompts, a.prompts >= 1, "integer >= 1")
+    _check("--samples", a.samples, a.samples >= 1, "integer >= 1")
+    _check("--cap", a.cap, a.cap >= 2, "integer >= 2")
+    _check("--mean-len", a.mean_len, 1 <= a.mean_len < a.cap, f"1 <= value < --cap ({a.cap})")
+    _check("--icc", a.icc, 0.0 <= a.icc <= 1.0, "0 <= value <= 1")
+    _check("--chunk-tokens", a.chunk_tokens, a.chunk_tokens >= 1, "integer >= 1")
+    a.policy_list = [x.strip() for x in a.policies.split(",") if x.strip()]
+    bad = [x for x in a.policy_list if x not in POLICIES]
+    _check("--policies", ",".join(bad), not bad and bool(a.policy_list), ", ".join(POLICIES))
+    if a.timeline_replicas is not None:
+        _check("--timeline-replicas", a.timeline_replicas, a.timeline_replicas in a.replica_list,
+               f"one of --replicas ({a.replicas})")
+    return a
+
+
+def make_policy(name: str, workload, previous, model: StepModel, seed: int):
+    true = {rid: int(n) for rid, n in zip(workload.request_ids, workload.lengths)}
+
+    def warmed():
+        predictor = LengthPredictor()
+        warm_history(predictor, previous)
+        return predictor
+
+    if name == "round_robin":
+        return RoundRobinPolicy(slots_per_replica=model.max_num_seqs, seed=seed)
+    if name == "verl_default":
+        return VerlDefaultPolicy(slots_per_replica=model.max_num_seqs, seed=seed)
+    if name == "oracle_lpt":
+        return OracleLPTPolicy(predictor=OraclePredictor(true), slots_per_replica=model.max_num_seqs, seed=seed)
+    if name == "tail_aware_placement":
+        return TailAwarePolicy(predictor=warmed(), model=model, config=TailAwareConfig(redispatch=False), seed=seed)
+    if name == "tail_aware":
+        return TailAwarePolicy(predictor=warmed(), model=model, seed=seed)
+    if name == "tail_aware_oracle":
+        policy = TailAwarePolicy(predictor=OraclePredictor(true), model=model, seed=seed)
+        policy.name = "tail_aware_oracle"
+        return policy
+    raise ValueError(name)
+
+
+def _versions() -> dict:
+    out = {"python": platform.python_version(), "numpy": np.__version__, "machine": platform.machine(),
+           "processor": platform.processor() or platform.machine()}
+    try:
+        import rollout_ext
+
+        out["rollout_ext"] = rollout_ext.__version__
+    except Exception:  # pragma: no cover - reporting only
+        pass
+    return out
+
+
+def run(a: argparse.Namespace) -> dict:
+    from tqdm import tqdm
+
+    model = StepModel()
+    cfg = WorkloadConfig(prompts=a.prompts, samples=a.samples, mean_tokens=a.mean_len, cap_tokens=a.cap,
+                         icc=a.icc, seed=a.seed)
+    workload = make_workload(cfg, epoch=0)
+    previous = make_workload(cfg, epoch=-1)
+    results, timelines = [], {}
+    jobs = [(r, name) for r in a.replica_list for name in a.policy_list]
+    for replicas, name in tqdm(jobs, desc="sim", unit="run"):
+        bound = lower_bound_s(workload.lengths, workload.prompt_tokens, replicas, model)
+        policy = make_policy(name, workload, previous, model, a.seed)
+        started = time.perf_counter()
+        res = simulate(workload, policy, replicas, model=model, chunk_tokens=a.chunk_tokens)
+        row = {
+            "policy": name,
+            "replicas": replicas,
+            "makespan_s": round(res.makespan_s, 3),
+            "lower_bound_s": round(bound, 3),
+            "ratio": round(res.makespan_s / bound, 4),
+            "tail_fraction": round(res.tail_fraction(replicas), 4),
+            "idle_replica_s": round(res.idle_replica_s(replicas), 1),
+            "moves": res.moves,
+            "preemptions": res.preemptions,
+            "sim_wall_s": round(time.perf_counter() - started, 2),
+        }
+        if "predictor" in res.snapshot:
+            row["predictor"] = res.snapshot["predictor"]
+        results.append(row)
+        times, counts = res.busy_count_timeline()
+        timelines[(name, replicas)] = (times / bound, counts / replicas)
+    setup = {
+        "mode": "sim",
+        "workload": {f: getattr(cfg, f) for f in cfg.__dataclass_fields__},
+        "replicas": a.replica_list,
+        "chunk_tokens": a.chunk_tokens,
+        "step_model": {f: getattr(model, f) for f in model.__dataclass_fields__},
+        "step_model_formula": "step_s = base_ms + kv_tokens*kv_read_ns_per_token + num_seqs*per_seq_us",
+        "tail_aware_config": {f: getattr(TailAwareConfig(), f) for f in TailAwareConfig.__dataclass_fields__},
+        "predictor_history": "warmed with one previous epoch of the same prompts (drift 0.3)",
+        "lower_bound": "max_k k*tau_1 + (sum (L_i-k)^+ / X_sat + prefill)/R, X_sat at token-weighted context",
+        "versions": _versions(),
+        "seed": a.seed,
+    }
+    return {"setup": setup, "results": results, "_timelines": timelines}
+
+
+def print_table(out: dict) -> None:
+    rows = out["results"]
+    reps = sorted({r["replicas"] for r in rows})
+    names = [n for n in POLICIES if any(r["policy"] == n for r in rows)]
+    print("ratio T/T* (lower is better; predictor warmed with one previous epoch)")
+    print(f"{'policy':<22}" + "".join(f"R={r:<8}" for r in reps))
+    for n in names:
+        cells = {r["replicas"]: r for r in rows if r["policy"] == n}
+        print(f"{n:<22}" + "".join(f"{cells[r]['ratio']:<10.3f}" for r in reps))
+    print(f"{'T* (s)':<22}" + "".join(
+        f"{next(r['lower_bound_s'] for r in rows if r['replicas'] == rep):<10.1f}" for rep in reps))
+    print("\npolicy                 R     makespan_s  tail_frac  idle_rep_s  moves  preempt")
+    for r in rows:
+        print(f"{r['policy']:<22} {r['replicas']:<5} {r['makespan_s']:<11.1f} {r['tail_fraction']:<10.3f} "
+              f"{r['idle_replica_s']:<11.1f} {r['moves']:<6} {r['preemptions']}")
+    for r in rows:
+        if r["policy"] == "tail_aware" and "predictor" in r:
+            print(f"predictor calibration (R={r['replicas']}): {r['predictor']}")
+
+
+def plot(out: dict, path: str, timeline_r: int | None) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = out["results"]
+    reps = sorted({r["replicas"] for r in rows})
+    r_line = timeline_r or reps[len(reps) // 2]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for name, color in (("verl_default", "tab:red"), ("tail_aware", "tab:blue"), ("tail_aware_oracle", "tab:green")):
+        key = (name, r_line)
+        if key in out["_timelines"]:
+            t, c = out["_timelines"][key]
+            ax.step(t, c, where="post", label=name, color=color)
+    ax.axvline(1.0, color="k", ls="--", lw=1, label="lower bound T*")
+    ax.set_xlabel("time / T*")
+    ax.set_ylabel("share of replicas busy")
+    ax.set_title(f"Replica utilisation, R={r_line}")
+    ax.set_ylim(0, 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+    second = str(Path(path).with_name(Path(path).stem + "_ratio" + Path(path).suffix))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for name in POLICIES:
+        pts = sorted((r["replicas"], r["ratio"]) for r in rows if r["policy"] == name)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+    ax.axhline(1.10, color="k", ls=":", lw=1, label="aim 1.10")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(reps)
+    ax.set_xticklabels([str(r) for r in reps])
+    ax.set_xlabel("replicas R")
+    ax.set_ylabel("makespan / T*")
+    ax.set_title("Makespan over lower bound per policy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(second, dpi=110)
+    plt.close(fig)
+    return [path, second]
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    print(f"host: {platform.node()} {platform.machine()} python {platform.python_version()}; seed {a.seed}")
+    out = run(a)
+    print_table(out)
+    if a.plot:
+        print("plots:", ", ".join(plot(out, a.plot, a.timeline_replicas)))
+    if a.json:
+        clean = {k: v for k, v in out.items() if not k.startswith("_")}
+        Path(a.json).write_text(json.dumps(clean, indent=2))
+        print("json:", a.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,236 @@
+"""Tail-aware policies: predicted-finish placement, and re-dispatch of stragglers at chunk boundaries.
+
+Both keep a central queue (see `CentralQueuePolicy`), ordered by predicted length, with one
+sibling per prompt first as a probe (its length sharpens its siblings' predictions early).
+
+Predicted finish time of a replica, from the step model and the in-flight requests' predicted
+remaining tokens r_i and current contexts c_i (assuming all start now and nothing is added):
+
+    F = base * max(max_i r_i, sum_i r_i / slots) + sum_i [per_seq * r_i + kv * (c_i r_i + r_i^2 / 2)]
+
+The first term is the number of steps (the longest sequence, or the batch throughput limit);
+the sum is each sequence's own share of the per-sequence and KV-read cost. It is additive,
+so adding or removing a request is O(1). Why this and not token load: a replica hosting a long
+sequence finishes no earlier than that sequence, so bulk work placed there slows the critical
+path while elsewhere it is nearly free.
+
+Placement (`tail_aware_placement`): the head of the queue goes to the free replica whose F
+grows least, but only if that F stays within the predicted makespan (max F over replicas, or
+total predicted work over aggregate saturated throughput, whichever is larger). So replicas
+that host predicted stragglers stop taking bulk (their batch is capped by the model, not by a
+fixed number), and the bulk waits for a replica that frees up. Nothing is held back when
+nothing runs (no starvation).
+
+Re-dispatch (`tail_aware`): at a chunk boundary, once no fresh work waits, a sequence moves to
+the replica that minimises the pair's predicted makespan, only if the gain beats the re-prefill
+of prompt + generated tokens plus a margin, and at most `max_moves_per_request` times. Its
+remaining length is re-predicted there, conditioned on having survived g tokens, which is how
+stragglers are identified.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rollout_ext.balance.policy import CentralQueuePolicy
+from rollout_ext.balance.step_model import StepModel
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TailAwareConfig:
+    redispatch: bool = True  # move sequences at chunk boundaries (False: placement only)
+    probe_first: bool = True  # run one sibling per prompt before the rest of its group
+    hold_back: bool = True  # keep bulk off replicas whose predicted finish is already the latest
+    target_slack: float = 0.02  # placement may exceed the predicted makespan by this share
+    max_moves_per_request: int = 1  # moves per sequence (each costs a re-prefill)
+    move_margin: float = 0.02  # required predicted gain, as a share of the current finish
+    move_while_queued: bool = False  # allow moves while fresh work still waits in the queue
+
+    def __post_init__(self) -> None:
+        if self.target_slack < 0 or self.move_margin < 0 or self.max_moves_per_request < 0:
+            raise ValueError("TailAwareConfig: target_slack, move_margin, max_moves_per_request must be >= 0")
+
+
+class _Agg:
+    __slots__ = ("n", "sum_rem", "sum_w", "max_rem", "dirty", "rems")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.sum_rem = 0.0
+        self.sum_w = 0.0
+        self.max_rem = 0.0
+        self.dirty = False
+        self.rems: dict[str, tuple[float, float]] = {}  # request -> (remaining, w)
+
+    def peak(self) -> float:
+        if self.dirty:
+            self.max_rem = max((r for r, _ in self.rems.values()), default=0.0)
+            self.dirty = False
+        return self.max_rem
+
+
+class TailAwarePolicy(CentralQueuePolicy):
+    name = "tail_aware"
+
+    def __init__(self, *, predictor, model: StepModel | None = None,
+                 config: TailAwareConfig | None = None, slots_per_replica: int | None = None,
+                 seed: int = 0) -> None:
+        self.model = model or StepModel()
+        super().__init__(predictor=predictor, seed=seed,
+                         slots_per_replica=slots_per_replica or self.model.max_num_seqs)
+        self.config = config or TailAwareConfig()
+        if not self.config.redispatch:
+            self.name = "tail_aware_placement"
+        self._agg: dict[str, _Agg] = {}
+        self._group_members: dict[str, list[str]] = {}
+        self._probe: set[str] = set()
+        self._moved: dict[str, int] = {}
+        self._queued_pred: dict[str, float] = {}
+        self._queued_tokens = 0.0
+        self._prompt_tokens_sum = 0
+
+    # ---- membership and intake ------------------------------------------------------------
+    def add_replica(self, replica_id: str) -> None:
+        super().add_replica(replica_id)
+        self._agg.setdefault(replica_id, _Agg())
+
+    def remove_replica(self, replica_id: str) -> list[str]:
+        orphans = super().remove_replica(replica_id)
+        self._agg.pop(replica_id, None)
+        return orphans
+
+    def submit(self, request) -> None:
+        super().submit(request)
+        members = self._group_members.setdefault(request.group_key, [])
+        if not members and self.config.probe_first:
+            self._probe.add(request.request_id)
+        members.append(request.request_id)
+        self._prompt_tokens_sum += request.prompt_len
+
+    # ---- queue ----------------------------------------------------------------------------
+    def _priority(self, request_id: str) -> float:
+        pred = self.generated[request_id] + self.remaining(request_id)
+        self._queued_tokens += pred - self._queued_pred.get(request_id, 0.0)
+        self._queued_pred[request_id] = pred
+        # Probes first (their finish informs 15 siblings), then longest predicted first.
+        return pred + (1e12 if request_id in self._probe else 0.0)
+
+    def _on_release(self, request_id: str, replica_id: str, finished: bool) -> None:
+        if not self._queued:
+            return
+        group = self.requests[request_id].group_key
+        for sibling in self._group_members.get(group, ()):
+            if sibling in self._queued:
+                self._requeue(sibling)
+
+    # ---- predicted finish -----------------------------------------------------------------
+    def _w(self, rem: float, ctx: float) -> float:
+        m = self.model
+        return m.per_seq_us * 1e-6 * rem + m.kv_s * (ctx * rem + rem * rem / 2)
+
+    def _finish_s(self, agg: _Agg, add_rem: float = 0.0, add_w: float = 0.0, drop: str | None = None) -> float:
+        sum_rem, sum_w, peak = agg.sum_rem + add_rem, agg.sum_w + add_w, agg.peak()
+        if drop is not None and drop in agg.rems:
+            r, w = agg.rems[drop]
+            sum_rem, sum_w = sum_rem - r, sum_w - w
+            if r >= peak:
+                peak = max((x for k, (x, _) in agg.rems.items() if k != drop), default=0.0)
+        steps = max(peak, add_rem, sum_rem / self.slots_per_replica)
+        return self.model.base_ms * 1e-3 * steps + sum_w
+
+    def _place(self, request_id: str, replica_id: str) -> None:
+        super()._place(request_id, replica_id)
+        req = self.requests[request_id]
+        rem = self._contrib[request_id] - req.prompt_len - self.generated[request_id]
+        w = self._w(rem, req.prompt_len + self.generated[request_id])
+        agg = self._agg[replica_id]
+        agg.rems[request_id] = (rem, w)
+        agg.n += 1
+        agg.sum_rem += rem
+        agg.sum_w += w
+        agg.max_rem = max(agg.max_rem, rem) if not agg.dirty else agg.max_rem
+
+    def _unplace(self, request_id: str) -> None:
+        replica_id = self.where[request_id]
+        super()._unplace(request_id)
+        agg = self._agg[replica_id]
+        rem, w = agg.rems.pop(request_id)
+        agg.n -= 1
+        agg.sum_rem = max(0.0, agg.sum_rem - rem) if agg.rems else 0.0
+        agg.sum_w = max(0.0, agg.sum_w - w) if agg.rems else 0.0
+        if rem >= agg.max_rem:
+            agg.dirty = True
+
+    def _target_s(self) -> float:
+        """Predicted makespan: the latest replica finish, or all predicted work at saturation."""
+        latest = max((self._finish_s(a) for a in self._agg.values()), default=0.0)
+        in_flight = sum(a.sum_rem for a in self._agg.values())
+        n = max(1, len(self.requests))
+        mean_pred = (in_flight + self._queued_tokens) / max(1, len(self.where) + len(self._queued))
+        ctx = self._prompt_tokens_sum / n + 1.5 * mean_pred  # rough token-weighted context
+        x_sat = self.model.saturated_tokens_per_s(ctx)
+        return max(latest, (in_flight + self._queued_tokens) / (max(1, len(self.replicas)) * x_sat))
+
+    # ---- placement ------------------------------------------------------------------------
+    def _pump(self) -> None:
+        free = [rep for rep, rids in self.replicas.items() if len(rids) < self.slots_per_replica]
+        if not (self._queue and free):
+            return
+        target = self._target_s() * (1 + self.config.target_slack)
+        while self._queue and free:
+            _, tiebreak, rid = self._queue[0]
+            if self._queued.get(rid) != tiebreak:
+                self._pop_head()
+                continue
+            req = self.requests[rid]
+            rem = self._queued_pred[rid] - self.generated[rid]
+            w = self._w(rem, req.prompt_len + self.generated[rid])
+            finishes = {rep: self._finish_s(self._agg[rep], rem, w) for rep in free}
+            replica = min(free, key=lambda rep: (finishes[rep], self.load_tokens[rep]))
+            alone_s = self._finish_s(_Agg(), rem, w) * (1 + self.config.target_slack)
+            # Only bulk waits: a sequence long enough to shape the makespan starts now.
+            if (self.config.hold_back and finishes[replica] > max(target, alone_s)
+                    and alone_s < 0.5 * target and self.where):
+                break  # every free replica would finish later than the predicted makespan
+            self._pop_head()
+            self._place(rid, replica)
+            self._ready.append((rid, replica))
+            target = max(target, finishes[replica])
+            if len(self.replicas[replica]) >= self.slots_per_replica:
+                free.remove(replica)
+
+    def _pop_head(self) -> None:
+        import heapq
+
+        _, tiebreak, rid = heapq.heappop(self._queue)
+        if self._queued.get(rid) == tiebreak:
+            del self._queued[rid]
+            self._queued_tokens -= self._queued_pred.pop(rid, 0.0)
+
+    # ---- re-dispatch ----------------------------------------------------------------------
+    def _continue(self, request_id: str, home: str) -> str | None:
+        cfg = self.config
+        if not cfg.redispatch or self._moved.get(request_id, 0) >= cfg.max_moves_per_request:
+            return home
+        if self._queued and not cfg.move_while_queued:
+            return home
+        req = self.requests[request_id]
+        ctx = req.prompt_len + self.generated[request_id]
+        rem = self.remaining(request_id)
+        w = self._w(rem, ctx)
+        stay = self._finish_s(self._agg[home], rem, w)
+        leave = self._finish_s(self._agg[home])
+        reprefill_s = self.model.prefill_s(ctx)
+        best, best_new = None, None
+        for rep, rids in self.replicas.items():
+            if rep == home or len(rids) >= self.slots_per_replica:
+                continue
+            other = self._finish_s(self._agg[rep])
+            new = max(leave, self._finish_s(self._agg[rep], rem, w) + reprefill_s)
+            gain = max(stay, other) - new
+            if gain > cfg.move_margin * stay and (best_new is None or new < best_new):
+                best, best_new = rep, new
+        if best is None:
+            return home
+        self._moved[request_id] = self._moved.get(request_id, 0) + 1
+        return best

@@ -1,0 +1,101 @@
+"""Step-time model, lower bound, workload and length predictor."""
+
+import math
+
+import numpy as np
+import pytest
+
+from rollout_ext.balance.predictor import LengthPredictor
+from rollout_ext.balance.step_model import StepModel, lower_bound_s, token_weighted_context
+from rollout_ext.balance.workload import WorkloadConfig, make_workload, requests_of, warm_history
+
+
+def test_series_matches_stepping_and_inverse():
+    m = StepModel()
+    kv, b = 12_345, 37
+    direct = sum(m.step_s(b, kv + j * b) for j in range(500))
+    assert m.steps_s(b, kv, 500) == pytest.approx(direct, rel=1e-12)
+    for n in (0, 1, 2, 499, 500):
+        assert m.steps_within_s(b, kv, m.steps_s(b, kv, n) + 1e-12) == n
+
+
+def test_bound_single_replica_and_single_sequence():
+    m = StepModel()
+    # One sequence: its own decode at tau_1 (plus its prefill) is the bound.
+    assert lower_bound_s([1000], [100], 1, m) == pytest.approx(1000 * m.lone_token_s + m.prefill_s(100))
+    # Many equal sequences on one replica: throughput term dominates.
+    lengths, prompts = np.full(2000, 1000), np.full(2000, 100)
+    x_sat = m.saturated_tokens_per_s(token_weighted_context(lengths, prompts))
+    assert lower_bound_s(lengths, prompts, 1, m) >= 2000 * 1000 / x_sat
+    # More replicas never raise the bound.
+    assert lower_bound_s(lengths, prompts, 4, m) <= lower_bound_s(lengths, prompts, 1, m)
+
+
+def test_token_weighted_context_exceeds_half_mean_for_long_tails():
+    w = make_workload(WorkloadConfig(prompts=64, samples=8))
+    ctx = token_weighted_context(w.lengths, w.prompt_tokens)
+    assert ctx > w.lengths.mean() / 2 + w.prompt_tokens.mean()
+
+
+def test_workload_shape():
+    cfg = WorkloadConfig(prompts=256, samples=16, mean_tokens=3500, cap_tokens=20480, icc=0.6, seed=7)
+    w = make_workload(cfg)
+    assert len(w) == 256 * 16
+    assert w.lengths.mean() == pytest.approx(3500, rel=0.01)
+    assert w.lengths.max() == 20480 and (w.lengths == 20480).mean() > 0.005  # truncation spike
+    logs = np.log(w.lengths).reshape(256, 16)
+    between, within = logs.mean(1).var(), logs.var(1, ddof=1).mean()
+    assert between > within / 16  # prompt effect present
+    again = make_workload(cfg)
+    assert np.array_equal(again.lengths, w.lengths)
+    prev = make_workload(cfg, epoch=-1)
+    assert prev.prompt_hashes == w.prompt_hashes and not np.array_equal(prev.lengths, w.lengths)
+
+
+def _abs_log_err(pred, true):
+    return float(np.mean(np.abs(np.log(np.maximum(pred, 1)) - np.log(true))))
+
+
+def test_siblings_and_history_beat_the_prior():
+    cfg = WorkloadConfig(prompts=128, samples=16, icc=0.8, seed=11)
+    w, prev = make_workload(cfg), make_workload(cfg, epoch=-1)
+    reqs = requests_of(w)
+    late = np.array([r.sample_index >= 8 for r in reqs])
+
+    cold = LengthPredictor()
+    prior = np.array([cold.remaining_tokens(r, 0) for r in reqs])
+    for r, n in zip(reqs, w.lengths):
+        if r.sample_index < 8:
+            cold.observe(r, int(n), True)
+    siblings = np.array([cold.remaining_tokens(r, 0) for r in reqs])
+    assert _abs_log_err(siblings[late], w.lengths[late]) < 0.85 * _abs_log_err(prior[late], w.lengths[late])
+
+    warm = LengthPredictor()
+    warm_history(warm, prev)
+    history = np.array([warm.remaining_tokens(r, 0) for r in reqs])
+    r_prior = np.corrcoef(np.log(prior), np.log(w.lengths))[0, 1] if np.ptp(np.log(prior)) > 1e-6 else 0.0
+    r_hist = np.corrcoef(np.log(history), np.log(w.lengths))[0, 1]
+    assert r_hist > max(r_prior, 0.0) + 0.2
+
+
+def test_remaining_is_conditional_on_survival():
+    cfg = WorkloadConfig(prompts=64, samples=16, seed=2)
+    w = make_workload(cfg)
+    p = LengthPredictor()
+    warm_history(p, make_workload(cfg, epoch=-1))
+    r = requests_of(w)[0]
+    at = [p.remaining_tokens(r, g) + g for g in (0, 2000, 8000, 16000)]
+    assert all(b > a for a, b in zip(at, at[1:]))  # surviving longer predicts a longer total
+    assert p.remaining_tokens(r, r.max_tokens) == 0.0
+    assert math.isfinite(p.remaining_tokens(r, r.max_tokens - 1))
+
+
+def test_calibration_reports_after_finishes():
+    cfg = WorkloadConfig(prompts=8, samples=4, seed=4)
+    w = make_workload(cfg)
+    p = LengthPredictor()
+    for r, n in zip(requests_of(w), w.lengths):
+        p.remaining_tokens(r, 0)
+        p.observe(r, int(n), True)
+    cal = p.calibration()
+    assert cal["finished"] == len(w) and cal["mean_abs_log_error"] >= 0

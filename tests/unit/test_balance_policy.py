@@ -1,0 +1,139 @@
+"""Policy invariants under the simulator: placement, loads, no starvation, determinism, removal."""
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from rollout_ext.balance.policy import OracleLPTPolicy, RoundRobinPolicy, VerlDefaultPolicy
+from rollout_ext.balance.predictor import LengthPredictor, OraclePredictor
+from rollout_ext.balance.simulator import Simulator, simulate
+from rollout_ext.balance.step_model import StepModel, lower_bound_s
+from rollout_ext.balance.tail_aware import TailAwareConfig, TailAwarePolicy
+from rollout_ext.balance.workload import WorkloadConfig, make_workload
+
+NAMES = ["round_robin", "verl_default", "oracle_lpt", "tail_aware_placement", "tail_aware"]
+SMALL_MODEL = StepModel(max_num_seqs=8, kv_capacity_tokens=40_000)
+
+
+def make(name, workload, model=SMALL_MODEL, seed=0):
+    true = dict(zip(workload.request_ids, map(int, workload.lengths)))
+    if name == "round_robin":
+        return RoundRobinPolicy(seed=seed)
+    if name == "verl_default":
+        return VerlDefaultPolicy(seed=seed)
+    if name == "oracle_lpt":
+        return OracleLPTPolicy(predictor=OraclePredictor(true), slots_per_replica=model.max_num_seqs)
+    cfg = TailAwareConfig(redispatch=name == "tail_aware", move_margin=0.0)
+    return TailAwarePolicy(predictor=LengthPredictor(), model=model, config=cfg, seed=seed)
+
+
+class CheckedPolicy:
+    """Wraps a policy and checks every call the simulator makes (it drives the public API only)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.on = {}  # request -> replica while a chunk runs
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def _check_loads(self):
+        assert all(v >= 0 for v in self.inner.load_tokens.values())
+
+    def acquire(self, rid, generated):
+        assert rid not in self.on, f"{rid} acquired while a chunk runs"
+        rep = self.inner.acquire(rid, generated)
+        if rep is not None:
+            self.on[rid] = rep
+        self._check_loads()
+        return rep
+
+    def take_ready(self):
+        ready = self.inner.take_ready()
+        for rid, rep in ready:
+            assert rid not in self.on, f"{rid} placed twice"
+            self.on[rid] = rep
+        return ready
+
+    def release(self, rid, rep, generated, finished):
+        assert self.on.pop(rid) == rep
+        self.inner.release(rid, rep, generated, finished)
+        self._check_loads()
+
+    def remove_replica(self, rep):
+        orphans = self.inner.remove_replica(rep)
+        assert sorted(orphans) == sorted(r for r, x in self.on.items() if x == rep)
+        for rid in orphans:
+            del self.on[rid]
+        return orphans
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    name=st.sampled_from(NAMES),
+    replicas=st.integers(1, 6),
+    prompts=st.integers(1, 6),
+    samples=st.integers(1, 5),
+    chunk=st.sampled_from([64, 256, 4096]),
+    seed=st.integers(0, 10),
+)
+def test_every_request_finishes_once_and_loads_stay_nonnegative(name, replicas, prompts, samples, chunk, seed):
+    w = make_workload(WorkloadConfig(prompts=prompts, samples=samples, mean_tokens=300, cap_tokens=2048, seed=seed))
+    policy = CheckedPolicy(make(name, w, seed=seed))
+    res = simulate(w, policy, replicas, model=SMALL_MODEL, chunk_tokens=chunk)
+    assert sorted(res.finish_s) == sorted(w.request_ids)
+    assert not policy.on
+    assert policy.inner.finished == set(w.request_ids)
+    assert res.makespan_s >= lower_bound_s(w.lengths, w.prompt_tokens, replicas, SMALL_MODEL) * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_deterministic_for_a_seed(name):
+    w = make_workload(WorkloadConfig(prompts=12, samples=4, mean_tokens=400, cap_tokens=2048, seed=3))
+    a = simulate(w, make(name, w, seed=5), 3, model=SMALL_MODEL, chunk_tokens=128)
+    b = simulate(w, make(name, w, seed=5), 3, model=SMALL_MODEL, chunk_tokens=128)
+    assert a.finish_s == b.finish_s and a.moves == b.moves
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_removed_replica_work_completes_elsewhere(name):
+    w = make_workload(WorkloadConfig(prompts=10, samples=4, mean_tokens=600, cap_tokens=2048, seed=1))
+    policy = CheckedPolicy(make(name, w))
+    sim = Simulator(w, policy, 3, model=SMALL_MODEL, chunk_tokens=256)
+    sim.remove_replica_at(0.5, "r0")
+    res = sim.run()
+    assert sorted(res.finish_s) == sorted(w.request_ids)
+    late = [rid for rid, t in res.finish_s.items() if t > 0.5]
+    assert late, "the removal must happen while work is in flight"
+    assert "r0" not in policy.inner.replicas
+
+
+def test_remove_replica_returns_in_flight_requests():
+    from rollout_ext.balance.request import Request
+
+    policy = VerlDefaultPolicy(seed=0)
+    policy.add_replica("a")
+    policy.add_replica("b")
+    for i in range(4):
+        policy.submit(Request(f"q{i}", "g", i, 10, 100))
+    placed = {f"q{i}": policy.acquire(f"q{i}", 0) for i in range(4)}
+    on_a = sorted(r for r, rep in placed.items() if rep == "a")
+    assert sorted(policy.remove_replica("a")) == on_a
+    for rid in on_a:
+        assert policy.acquire(rid, 5) == "b"
+    assert policy.load_tokens["b"] >= 0
+
+
+def test_tail_aware_holds_back_then_places_longest_first():
+    from rollout_ext.balance.request import Request
+
+    true = {"short": 10, "long": 5000, "mid": 500}
+    policy = TailAwarePolicy(predictor=OraclePredictor(true), slots_per_replica=1,
+                             config=TailAwareConfig(probe_first=False))
+    policy.add_replica("a")
+    for i, rid in enumerate(true):
+        policy.submit(Request(rid, rid, 0, 10, 8000))
+        assert policy.acquire(rid, 0) is None  # parked in the central queue
+    assert policy.take_ready() == [("long", "a")]
+    policy.release("long", "a", 5000, True)
+    assert policy.take_ready() == [("mid", "a")]
+    assert policy.acquire("mid", 0) == "a"  # a parked request learns its replica on retry
