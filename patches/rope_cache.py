@@ -112,6 +112,10 @@ def reset_counters() -> None:
     _counts.zero_()
 
 
+def is_applied() -> bool:
+    return _swaps.applied
+
+
 # ---------------------------------------------------------------- eligibility and the step
 
 

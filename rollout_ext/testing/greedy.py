@@ -34,6 +34,8 @@ class GreedySpec:
     max_num_batched_tokens: int | None = None
     max_model_len: int = 1024
     enable_chunked_prefill: bool = True
+    # Collect rope gather counters from every worker (rollout_ext.testing.rope_probe).
+    rope_counters: bool = True
 
 
 @dataclass
@@ -43,6 +45,8 @@ class GreedyResult:
     logprobs: list[list[dict[int, float]]]
     # The child's stdout and stderr together: vLLM logs to stdout, Python warnings go to stderr.
     log: str = field(repr=False, default="")
+    # Per worker: rope gather counters (see rope_probe.read), or {"error": ...}; None if not asked.
+    rope_counters: list[dict] | None = None
 
 
 def child_env(env: dict[str, str], tp: int) -> dict[str, str]:
@@ -60,15 +64,21 @@ def run_greedy(spec: GreedySpec, env: dict[str, str], timeout_s: float = 600) ->
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, "-m", "rollout_ext.testing.greedy", "--spec", json.dumps(asdict(spec)), "--out", str(out)]
+        run_env = dict(env)
+        if spec.rope_counters:
+            # collective_rpc sends the probe functions to the workers with cloudpickle.
+            run_env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         proc = subprocess.run(
-            cmd, env=child_env(env, spec.tp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout_s
+            cmd, env=child_env(run_env, spec.tp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout_s
         )
         if proc.returncode != 0 or not out.exists():
             tail = "\n".join(proc.stdout.splitlines()[-40:])
             raise RuntimeError(f"vLLM run failed (exit {proc.returncode}) with env {env}:\n{tail}")
         data = json.loads(out.read_text())
     logprobs = [[{int(t): lp for t, lp in step.items()} for step in req] for req in data["logprobs"]]
-    return GreedyResult(tokens=data["tokens"], logprobs=logprobs, log=proc.stdout)
+    return GreedyResult(
+        tokens=data["tokens"], logprobs=logprobs, log=proc.stdout, rope_counters=data.get("rope_counters")
+    )
 
 
 def _generate(spec: GreedySpec) -> dict:
@@ -93,13 +103,30 @@ def _generate(spec: GreedySpec) -> dict:
     params = SamplingParams(
         temperature=0.0, max_tokens=spec.max_tokens, ignore_eos=True, logprobs=spec.top_logprobs, detokenize=False
     )
+    probe_error = _rpc(llm, "install") if spec.rope_counters else None
     outputs = llm.generate([{"prompt_token_ids": p} for p in spec.prompts], params, use_tqdm=False)
     tokens, logprobs = [], []
     for request in outputs:
         completion = request.outputs[0]
         tokens.append(list(completion.token_ids))
         logprobs.append([{str(t): float(lp.logprob) for t, lp in step.items()} for step in completion.logprobs])
-    return {"tokens": tokens, "logprobs": logprobs}
+    result = {"tokens": tokens, "logprobs": logprobs}
+    if spec.rope_counters:
+        counters = _rpc(llm, "read")
+        result["rope_counters"] = counters if probe_error is None else probe_error
+    return result
+
+
+def _rpc(llm, name: str):
+    """Run rope_probe.<name> on every worker; a failure is recorded, not raised (counters are
+    diagnostics and must not fail a run)."""
+    from rollout_ext.testing import rope_probe
+
+    try:
+        found = llm.collective_rpc(getattr(rope_probe, name))
+    except Exception as e:  # noqa: BLE001 - any worker failure becomes a recorded error
+        return [{"error": f"{type(e).__name__}: {e}"}]
+    return None if name == "install" else found
 
 
 def main() -> int:
