@@ -1,0 +1,95 @@
+"""ascend_import_order: vllm-ascend's platform then worker patches load before any other rollout_ext patch.
+
+A real package layout stands in for vllm-ascend: a temporary directory holding `vllm_ascend` with
+`patch/platform/__init__.py` and `patch/worker/__init__.py`. Each records, when imported, which
+rollout_ext patch modules were already imported. The plugin's own `register()` runs in a subprocess
+with that directory on sys.path, exactly as vLLM would call it in a fresh process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from rollout_ext.config import PREFIX
+
+RECORDER = '''
+import sys
+import vllm_ascend
+
+vllm_ascend.IMPORTED.append({{
+    "module": __name__,
+    "patch_modules": sorted(m for m in sys.modules if m.startswith("rollout_ext.patches.")),
+}})
+'''
+
+DRIVER = '''
+import json, sys
+from rollout_ext import plugin
+from rollout_ext.patches import ascend_import_order
+
+plugin.register()
+plugin.register()  # vLLM may call it twice in one process
+ascend = sys.modules.get("vllm_ascend")
+print(json.dumps({
+    "recorded": getattr(ascend, "IMPORTED", None),
+    "imported": ascend_import_order.imported(),
+    "applied": plugin.applied_patches(),
+    "patch_modules": sorted(m for m in sys.modules if m.startswith("rollout_ext.patches.")),
+}))
+'''
+
+# Modules that exist before any patch is applied: the registry itself and its shared helpers.
+REGISTRY_MODULES = {"rollout_ext.patches._base", "rollout_ext.patches.ascend_import_order"}
+
+
+def make_vllm_ascend(root: Path, parts=("platform", "worker")) -> Path:
+    package = root / "vllm_ascend"
+    (package / "patch").mkdir(parents=True)
+    (package / "__init__.py").write_text("IMPORTED = []\n")
+    (package / "patch" / "__init__.py").write_text("")
+    for part in parts:
+        (package / "patch" / part).mkdir()
+        (package / "patch" / part / "__init__.py").write_text(RECORDER.format())
+    return root
+
+
+def run_register(extra_path: Path | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(PREFIX)}
+    # Engine check is always on; mlp_only_tp stands for a model patch applied after it.
+    env.update({f"{PREFIX}ROPE_CACHE": "0", f"{PREFIX}MLP_ONLY_TP": "1"})
+    paths = [str(extra_path)] if extra_path else []
+    env["PYTHONPATH"] = os.pathsep.join(paths + [os.getcwd()])
+    proc = subprocess.run([sys.executable, "-c", DRIVER], capture_output=True, text=True, env=env, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_ascend_patches_import_first_platform_then_worker(tmp_path):
+    result = run_register(make_vllm_ascend(tmp_path))
+    assert [r["module"] for r in result["recorded"]] == ["vllm_ascend.patch.platform", "vllm_ascend.patch.worker"]
+    for record in result["recorded"]:
+        # No model patch module was even imported, so none had been applied yet.
+        assert set(record["patch_modules"]) <= REGISTRY_MODULES, record
+    assert result["imported"] == ["vllm_ascend.patch.platform", "vllm_ascend.patch.worker"]
+    assert result["applied"] == ["ascend_import_order", "engine_config_check", "mlp_only_tp"]
+    assert {"rollout_ext.patches.engine_config_check", "rollout_ext.patches.mlp_only_tp"} <= set(
+        result["patch_modules"]
+    )
+
+
+def test_missing_worker_patches_are_skipped(tmp_path):
+    result = run_register(make_vllm_ascend(tmp_path, parts=("platform",)))
+    assert [r["module"] for r in result["recorded"]] == ["vllm_ascend.patch.platform"]
+    assert result["imported"] == ["vllm_ascend.patch.platform"]
+    assert result["applied"][0] == "ascend_import_order"
+
+
+def test_no_op_without_vllm_ascend():
+    result = run_register(None)
+    assert result["recorded"] is None
+    assert result["imported"] == []
+    assert result["applied"] == ["ascend_import_order", "engine_config_check", "mlp_only_tp"]
