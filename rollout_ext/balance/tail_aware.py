@@ -1,7 +1,7 @@
 """Tail-aware policies: predicted-finish placement, and re-dispatch of stragglers at chunk boundaries.
 
-Both keep a central queue (see `CentralQueuePolicy`), ordered by predicted length, with one
-sibling per prompt first as a probe (its length sharpens its siblings' predictions early).
+Both keep a central queue (see `CentralQueuePolicy`), ordered by predicted length; optionally
+(`probe_first`, off by default: it measured worse here) one sibling per prompt goes first as a probe.
 
 Predicted finish time of a replica, from the step model and the in-flight requests' predicted
 remaining tokens r_i and current contexts c_i (assuming all start now and nothing is added):
@@ -39,7 +39,7 @@ from rollout_ext.balance.step_model import StepModel
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TailAwareConfig:
     redispatch: bool = True  # move sequences at chunk boundaries (False: placement only)
-    probe_first: bool = True  # run one sibling per prompt before the rest of its group
+    probe_first: bool = False  # run one sibling per prompt before the rest of its group
     hold_back: bool = True  # keep bulk off replicas whose predicted finish is already the latest
     target_slack: float = 0.02  # placement may exceed the predicted makespan by this share
     max_moves_per_request: int = 1  # moves per sequence (each costs a re-prefill)
