@@ -27,14 +27,18 @@ VLLM_SCRIPT = textwrap.dedent("""
 
 
 def _hf_greedy(model_dir, prompt_ids):
+    """Plain argmax loop: generate()'s min_new_tokens would mask EOS, which ignore_eos does not."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     out = []
-    for ids in prompt_ids:
-        generated = model.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
-                                   min_new_tokens=MAX_TOKENS)
-        out.append(generated[0, len(ids):].tolist())
+    with torch.no_grad():
+        for ids in prompt_ids:
+            tokens = torch.tensor([ids])
+            for _ in range(MAX_TOKENS):
+                next_id = model(tokens).logits[0, -1].argmax()
+                tokens = torch.cat([tokens, next_id.view(1, 1)], dim=1)
+            out.append(tokens[0, len(ids):].tolist())
     return out
 
 
