@@ -16,6 +16,8 @@ from pathlib import Path
 
 from rollout_ext.config import PREFIX
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
 RECORDER = '''
 import sys
 import vllm_ascend
@@ -62,7 +64,7 @@ def run_register(extra_path: Path | None) -> dict:
     # Engine check is always on; mlp_only_tp stands for a model patch applied after it.
     env.update({f"{PREFIX}ROPE_CACHE": "0", f"{PREFIX}MLP_ONLY_TP": "1"})
     paths = [str(extra_path)] if extra_path else []
-    env["PYTHONPATH"] = os.pathsep.join(paths + [os.getcwd()])
+    env["PYTHONPATH"] = os.pathsep.join(paths + [str(REPO_ROOT)])
     proc = subprocess.run([sys.executable, "-c", DRIVER], capture_output=True, text=True, env=env, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -23,7 +23,8 @@ from rollout_ext.patches import PatchError
 from rollout_ext.patches import fav2_attention as patch
 
 CFG = ExtConfig(fav2=True, rope_cache=False)
-EMU = Path(__file__).resolve().parents[1] / "contract" / "emu"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EMU = REPO_ROOT / "tests" / "contract" / "emu"
 
 ASCEND_ATTENTION = '''
 class AscendAttentionBackendImpl:
@@ -95,7 +96,7 @@ def _run(tmp_path, scenario: str, impl_source: str) -> subprocess.CompletedProce
     (tmp_path / "vllm_ascend" / "__init__.py").write_text("")
     (package / "__init__.py").write_text("")
     (package / "attention_v1.py").write_text(impl_source)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(EMU), os.getcwd()])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(EMU), str(REPO_ROOT)])}
     return subprocess.run([sys.executable, "-c", scenario], capture_output=True, text=True, env=env, timeout=120)
 
 
