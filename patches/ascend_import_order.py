@@ -16,6 +16,8 @@ import importlib
 import importlib.util
 import logging
 
+from rollout_ext.patches._base import PatchError
+
 NAME = "ascend_import_order"
 ASCEND_PATCH_MODULES = ("vllm_ascend.patch.platform", "vllm_ascend.patch.worker")
 logger = logging.getLogger("vllm.rollout_ext")
@@ -36,10 +38,15 @@ def apply(cfg=None) -> list[str]:
         return list(_imported)
     for module in ASCEND_PATCH_MODULES:
         if _importable(module):
-            importlib.import_module(module)
+            try:
+                importlib.import_module(module)
+            except Exception as e:
+                # A PatchError lets ROLLOUT_EXT_STRICT=0 log and go on; strict mode still fails the start.
+                raise PatchError(f"rollout_ext patch {NAME!r}: importing {module} failed: {e!r}") from e
             _imported.append(module)
         else:
             logger.warning("rollout_ext: vllm_ascend is installed but has no %s; skipped", module)
+    logger.info("rollout_ext %s: imported %s first", NAME, ", ".join(_imported) or "nothing")
     return list(_imported)
 
 

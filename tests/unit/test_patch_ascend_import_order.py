@@ -48,24 +48,29 @@ print(json.dumps({
 REGISTRY_MODULES = {"rollout_ext.patches._base", "rollout_ext.patches.ascend_import_order"}
 
 
-def make_vllm_ascend(root: Path, parts=("platform", "worker")) -> Path:
+def make_vllm_ascend(root: Path, parts=("platform", "worker"), broken: str | None = None) -> Path:
     package = root / "vllm_ascend"
     (package / "patch").mkdir(parents=True)
     (package / "__init__.py").write_text("IMPORTED = []\n")
     (package / "patch" / "__init__.py").write_text("")
     for part in parts:
         (package / "patch" / part).mkdir()
-        (package / "patch" / part / "__init__.py").write_text(RECORDER.format())
+        source = RECORDER.format()
+        if part == broken:
+            source += "\nfrom vllm_ascend.no_such_module import anything\n"
+        (package / "patch" / part / "__init__.py").write_text(source)
     return root
 
 
-def run_register(extra_path: Path | None) -> dict:
+def run_register(extra_path: Path | None, strict: bool = True, check: bool = True) -> dict | subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(PREFIX)}
     # Engine check is always on; mlp_only_tp stands for a model patch applied after it.
-    env.update({f"{PREFIX}ROPE_CACHE": "0", f"{PREFIX}MLP_ONLY_TP": "1"})
+    env.update({f"{PREFIX}ROPE_CACHE": "0", f"{PREFIX}MLP_ONLY_TP": "1", f"{PREFIX}STRICT": str(int(strict))})
     paths = [str(extra_path)] if extra_path else []
     env["PYTHONPATH"] = os.pathsep.join(paths + [str(REPO_ROOT)])
     proc = subprocess.run([sys.executable, "-c", DRIVER], capture_output=True, text=True, env=env, timeout=180)
+    if not check:
+        return proc
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -95,3 +100,13 @@ def test_no_op_without_vllm_ascend():
     assert result["recorded"] is None
     assert result["imported"] == []
     assert result["applied"] == ["ascend_import_order", "engine_config_check", "mlp_only_tp"]
+
+
+def test_broken_ascend_patch_fails_strict_and_is_skipped_otherwise(tmp_path):
+    root = make_vllm_ascend(tmp_path, broken="worker")
+    proc = run_register(root, check=False)
+    assert proc.returncode != 0
+    assert "PatchError: rollout_ext patch 'ascend_import_order': importing vllm_ascend.patch.worker failed" in proc.stderr
+    result = run_register(root, strict=False)
+    assert "ascend_import_order" not in result["applied"]
+    assert result["applied"] == ["engine_config_check", "mlp_only_tp"]
