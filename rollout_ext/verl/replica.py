@@ -1,7 +1,8 @@
 """rollout_ext's replica and server: verl's vLLM ones, with the plugin env and our engine-kwargs key.
 
 - `RolloutExtHttpServer` reads engine kwargs from `engine_kwargs.rollout_ext` over
-  `engine_kwargs.vllm` (per key, ours win) and gives CPU engines a fixed KV-cache budget.
+  `engine_kwargs.vllm` (per key, ours win); on CPU it turns sleep mode off and gives the engine a
+  fixed KV-cache budget, without which vLLM's CPU platform refuses to start.
 - `RolloutExtReplica` / `RolloutExtPDReplica` start those servers with server_env_vars() added to
   each actor's runtime_env, and name the actors `rollout_ext_server_*`, which is where verl's
   ServerAdapter looks for them (vllm_rollout.py:321-323 uses rollout.name + '_').
@@ -10,6 +11,8 @@ Importing this module imports vLLM; only the registry loader does it.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Mapping
 
 import ray
@@ -19,6 +22,8 @@ from verl.workers.rollout.vllm_rollout.vllm_pd_replica import vLLMPDReplica
 from rollout_ext.platform import device_type
 from rollout_ext.verl.names import BACKEND, VLLM_BACKEND
 from rollout_ext.verl.server_env import CPU_KV_CACHE_BYTES, server_env_vars
+
+logger = logging.getLogger("rollout_ext")
 
 
 def merged_engine_kwargs(engine_kwargs: Mapping | None) -> dict:
@@ -30,6 +35,10 @@ def merged_engine_kwargs(engine_kwargs: Mapping | None) -> dict:
 class RolloutExtHttpServer(vLLMHttpServer):
     def _init_config(self, config):
         config = super()._init_config(config)
+        if device_type() == "cpu" and config.enable_sleep_mode:
+            # vLLM's CPU platform has no sleep mode and refuses to start with it on.
+            logger.warning("rollout_ext: enable_sleep_mode=False on CPU (vLLM's CPU platform has no sleep mode)")
+            config = dataclasses.replace(config, enable_sleep_mode=False)
         config.engine_kwargs = {**(config.engine_kwargs or {}), BACKEND: merged_engine_kwargs(config.engine_kwargs)}
         return config
 

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# DAPO-style rollout on CPU with rollout.name=rollout_ext (see examples/dapo_tiny_cpu.py for what runs).
+# Usage: examples/dapo_tiny_cpu.sh [--iterations 2] [--replicas 2] [--report out/dapo_tiny_cpu.json] ...
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-.venv/bin/python}
+test -f .cache/models/tiny-qwen2/config.json || $PYTHON -m rollout_ext.testing.tiny_model --arch qwen2 --out .cache/models/tiny-qwen2
+# Ray maps 127.0.0.1 to the default route's address unless this is 0; keep everything on loopback.
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
+export RAY_USAGE_STATS_ENABLED=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+export VLLM_CACHE_ROOT=$PWD/.cache/vllm TORCHINDUCTOR_CACHE_DIR=$PWD/.cache/inductor
+exec $PYTHON examples/dapo_tiny_cpu.py "$@"
