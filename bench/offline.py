@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -130,7 +131,7 @@ def run_worker(job_path: Path) -> None:
     job = json.loads(job_path.read_text())
     # Set before vLLM is imported: the plugin and vLLM read them at import / engine start.
     os.environ.update(job["env"])
-    for name, value in job["cache_defaults"].items():
+    for name, value in job["env_defaults"].items():
         os.environ.setdefault(name, value)
     from vllm import LLM, SamplingParams
 
@@ -178,9 +179,9 @@ def run_variant(args, variant: str, env: dict, workload: dict, workdir: Path, st
     log_path = workdir / f"{variant}.log"
     cache = REPO_ROOT / ".cache"
     # Cache dirs go in as defaults so that a caller's own cache locations win.
-    full_env = {"VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+    env_defaults = {"VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
                 "PYTHONUNBUFFERED": "1"}
-    job = {"env": env, "cache_defaults": full_env, "model": str(args.model), "tp": args.tp,
+    job = {"env": env, "env_defaults": env_defaults, "model": str(args.model), "tp": args.tp,
            "dtype": args.dtype, "enforce_eager": args.enforce_eager, "seed": args.seed,
            "result_path": str(result_path), **workload}
     job_path.write_text(json.dumps(job))
@@ -190,16 +191,22 @@ def run_variant(args, variant: str, env: dict, workload: dict, workdir: Path, st
         [sys.executable, str(Path(__file__).resolve()), "--worker", str(job_path)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
     ) as proc:
+        # A hung engine must not hang the whole A/B: kill it and record the variant as failed.
+        watchdog = threading.Timer(args.variant_timeout_s, proc.kill)
+        watchdog.start()
         for line in proc.stdout:
             log.write(line)
             tail.append(line.rstrip())
             if line.startswith(STAGE_MARK):
                 stage_bar.set_postfix_str(line[len(STAGE_MARK):].strip())
                 stage_bar.update(1)
+        watchdog.cancel()
     record = {"name": variant, "env": env, "log": str(log_path),
               "wall_s": round(time.perf_counter() - start_s, 1)}
     if proc.returncode != 0 or not result_path.is_file():
-        return record | {"status": "failed", "error": f"exit code {proc.returncode}:\n" + "\n".join(tail)}
+        timed_out = " (killed after --variant-timeout-s)" if proc.returncode == -9 else ""
+        return record | {"status": "failed",
+                         "error": f"exit code {proc.returncode}{timed_out}:\n" + "\n".join(tail)}
     return record | {"status": "ok", **json.loads(result_path.read_text())}
 
 
@@ -270,8 +277,9 @@ def plot(records: list[dict], setup: dict, path: Path) -> None:
         label = (f"{r['ratio_vs_off']:.3f}\n{r['tokens_per_s']:.0f} tok/s" if r["ratio_vs_off"]
                  else r["status"] if r["status"] != "ok" else "no off run")
         ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                    xytext=(0, 3), textcoords="offset points", ha="center", va="bottom")
-    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+                    xytext=(0, 3), textcoords="offset points", ha="center", va="bottom",
+                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 1.0})
+    ax.axhline(1.0, color="gray", linewidth=0.8, linestyle="--", zorder=0)
     ax.set_ylabel("tokens/s relative to off")
     ax.set_xlabel("variant")
     ax.set_ylim(0, max([1.0, *ratios]) * 1.3)
@@ -333,6 +341,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3,
                    help="timed batches per engine, each on fresh prompts; the fastest one is reported")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--variant-timeout-s", type=int, default=1200, help="kill an engine that runs longer")
     p.add_argument("--json", type=Path, default=None, help="write results as JSON here")
     p.add_argument("--plot", type=Path, default=None, help="write a PNG bar chart here")
     p.add_argument("--keep-logs", type=Path, default=None, help="keep per-variant engine logs in this dir")
@@ -348,7 +357,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def validate(args: argparse.Namespace) -> None:
     for flag in ("num_prompts", "input_len", "output_len", "output_mean", "output_cap", "tp", "min_tokens",
-                 "repeats"):
+                 "repeats", "variant_timeout_s"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise UsageError(f"--{flag.replace('_', '-')}: {value} is not allowed; use an integer >= 1")
