@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 
-from rollout_ext.patches._base import require_signature
+from rollout_ext.patches._base import PatchError
 
 
 def add_compile_key(patch: str, swaps, fingerprint: str) -> None:
@@ -23,7 +24,12 @@ def add_compile_key(patch: str, swaps, fingerprint: str) -> None:
     from vllm.config import VllmConfig
 
     original = VllmConfig.compute_hash
-    require_signature(patch, original, [])
+    params = [p for p in inspect.signature(original).parameters if p != "self"]
+    if params:
+        raise PatchError(
+            f"rollout_ext patch {patch!r}: VllmConfig.compute_hash takes {params}, expected no "
+            f"arguments; the upstream code moved"
+        )
     salt = f"rollout_ext:{patch}:{fingerprint}"
 
     @functools.wraps(original)
