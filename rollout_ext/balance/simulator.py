@@ -39,6 +39,8 @@ class SimResult:
     busy_intervals: dict[str, list[tuple[float, float]]]  # replica -> [(start, end)] busy
     placements: int  # acquire answers that started or moved a chunk on a replica
     snapshot: dict = field(default_factory=dict)
+    start_s: dict[str, float] = field(default_factory=dict)  # first admission (prefill start)
+    move_prefill_tokens: int = 0  # prompt + generated tokens re-prefilled because of moves
 
     def busy_count_timeline(self) -> tuple[np.ndarray, np.ndarray]:
         """(times, busy replicas from that time on), a step function."""
@@ -124,6 +126,8 @@ class Simulator:
         self.preemptions = 0
         self.placements = 0
         self._removals: list[tuple[float, str]] = []
+        self.start_s: dict[str, float] = {}
+        self.move_prefill_tokens = 0
 
     def remove_replica_at(self, time_s: float, replica_id: str) -> None:
         """Schedule a replica failure/scale-down: the policy must re-dispatch its work."""
@@ -162,7 +166,7 @@ class Simulator:
             raise RuntimeError(f"simulation stalled: {missing} requests never finished (policy starved them)")
         makespan = max(self.finish_s.values()) if self.finish_s else 0.0
         return SimResult(makespan, self.moves, self.preemptions, self.finish_s, self.busy,
-                         self.placements, self.policy.snapshot())
+                         self.placements, self.policy.snapshot(), self.start_s, self.move_prefill_tokens)
 
     # ---- replica mechanics ----------------------------------------------------------------
     def _advance(self, rep: _Replica, steps: int) -> None:
@@ -204,6 +208,7 @@ class Simulator:
         seq.prefill = seq.prompt + generated  # the prefix cache of the old replica is lost
         if replica is not None:
             self.moves += 1
+            self.move_prefill_tokens += seq.prefill
             self._dispatch(seq.rid, replica, touched)
 
     def _leave(self, rep: _Replica, seq: _Seq, generated: int) -> None:
@@ -237,6 +242,7 @@ class Simulator:
             rep.running[seq.rid] = seq
             rep.kv += need
             prefill_tokens += seq.prefill
+            self.start_s.setdefault(seq.rid, rep.time_s)
             seq.prefill = 0
             seq.join_step = rep.step
             self._set_target(rep, seq)

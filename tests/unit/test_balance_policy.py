@@ -10,7 +10,7 @@ from rollout_ext.balance.step_model import StepModel, lower_bound_s
 from rollout_ext.balance.tail_aware import TailAwareConfig, TailAwarePolicy
 from rollout_ext.balance.workload import WorkloadConfig, make_workload
 
-NAMES = ["round_robin", "verl_default", "oracle_lpt", "tail_aware_placement", "tail_aware"]
+NAMES = ["round_robin", "verl_default", "oracle_lpt", "tail_aware_placement", "tail_aware", "tail_aware_finish"]
 SMALL_MODEL = StepModel(max_num_seqs=8, kv_capacity_tokens=40_000)
 
 
@@ -22,6 +22,9 @@ def make(name, workload, model=SMALL_MODEL, seed=0):
         return VerlDefaultPolicy(seed=seed)
     if name == "oracle_lpt":
         return OracleLPTPolicy(predictor=OraclePredictor(true), slots_per_replica=model.max_num_seqs)
+    if name == "tail_aware_finish":  # the earlier finish-time placement with hold-back
+        cfg = TailAwareConfig(placement="finish", move_margin=0.0, critical_share=0.0)
+        return TailAwarePolicy(predictor=LengthPredictor(), model=model, config=cfg, seed=seed)
     cfg = TailAwareConfig(redispatch=name == "tail_aware", move_margin=0.0)
     return TailAwarePolicy(predictor=LengthPredictor(), model=model, config=cfg, seed=seed)
 
@@ -137,3 +140,31 @@ def test_tail_aware_holds_back_then_places_longest_first():
     policy.release("long", "a", 5000, True)
     assert policy.take_ready() == [("mid", "a")]
     assert policy.acquire("mid", 0) == "a"  # a parked request learns its replica on retry
+
+
+def test_tail_aware_config_rejects_unknown_placement():
+    with pytest.raises(ValueError, match="placement"):
+        TailAwareConfig(placement="random")
+
+
+@settings(max_examples=8, deadline=None)
+@given(name=st.sampled_from(NAMES), replicas=st.integers(1, 4), seed=st.integers(0, 5))
+def test_move_accounting_and_start_times(name, replicas, seed):
+    w = make_workload(WorkloadConfig(prompts=5, samples=4, mean_tokens=400, cap_tokens=2048, seed=seed))
+    res = simulate(w, make(name, w, seed=seed), replicas, model=SMALL_MODEL, chunk_tokens=128)
+    assert sorted(res.start_s) == sorted(w.request_ids)
+    assert all(res.start_s[rid] <= res.finish_s[rid] for rid in w.request_ids)
+    assert (res.move_prefill_tokens == 0) == (res.moves == 0)
+
+
+def test_moves_off_the_critical_path_are_refused():
+    """With critical_share=1 a sequence moves only from the replica predicted to finish last."""
+    w = make_workload(WorkloadConfig(prompts=6, samples=4, mean_tokens=600, cap_tokens=2048, seed=2))
+    true = dict(zip(w.request_ids, map(int, w.lengths)))
+    free = TailAwarePolicy(predictor=OraclePredictor(true), model=SMALL_MODEL,
+                           config=TailAwareConfig(move_margin=0.0, critical_share=0.0))
+    strict = TailAwarePolicy(predictor=OraclePredictor(true), model=SMALL_MODEL,
+                             config=TailAwareConfig(move_margin=0.0, critical_share=1.0))
+    a = simulate(w, free, 3, model=SMALL_MODEL, chunk_tokens=64)
+    b = simulate(w, strict, 3, model=SMALL_MODEL, chunk_tokens=64)
+    assert b.moves <= a.moves
