@@ -148,6 +148,7 @@ def main() -> None:
                         help="trace step 1's rollout on replica 0 (verl's rollout profiler, torch/npu tool)")
     args = parser.parse_args()
     started = time.perf_counter()
+    started_wall = time.time()
 
     import pandas as pd
 
@@ -185,7 +186,7 @@ def main() -> None:
     cursor = 0
     for step in range(args.iterations):
         kept, gen_batches, rollout_s, samples, tokens, checks = [], 0, 0.0, 0, 0, []
-        rewards_all = []
+        rewards_all, batch_rollout_s, reward_s, slowest_sample_s = [], [], 0.0, 0.0
         while len(kept) < args.prompts_per_step and gen_batches < args.max_gen_batches:
             rows = [prompts[(cursor + i) % len(prompts)] for i in range(args.prompts_per_step)]
             cursor += args.prompts_per_step
@@ -195,11 +196,16 @@ def main() -> None:
                 servers.start_profile()  # engine-side: replicas picked by the profiler ranks
             t0 = time.perf_counter()
             output = agent_loops.generate_sequences(batch)
-            rollout_s += time.perf_counter() - t0
+            batch_rollout_s.append(round(time.perf_counter() - t0, 2))
+            rollout_s += batch_rollout_s[-1]
+            slowest = output.meta_info["timing"]["agent_loop/slowest/generate_sequences"]
+            slowest_sample_s = max(slowest_sample_s, float(slowest))
             if profiling:
                 servers.stop_profile()
             gen_batches += 1
+            t0 = time.perf_counter()
             reward, acc, batch_checks = score(output, tokenizer, config)
+            reward_s += time.perf_counter() - t0
             checks += batch_checks
             rewards_all += reward.tolist()
             samples += len(output)
@@ -209,6 +215,9 @@ def main() -> None:
         report["iterations"].append({
             "step": step + 1,
             "timing_s/rollout": round(rollout_s, 2),
+            "timing_s/rollout_per_gen_batch": batch_rollout_s,
+            "timing_s/slowest_sample": round(slowest_sample_s, 2),
+            "timing_s/reward": round(reward_s, 3),
             "rollout/gen_batches": gen_batches,
             "rollout/samples": samples,
             "rollout/response_tokens": tokens,
@@ -220,7 +229,9 @@ def main() -> None:
         print(json.dumps({k: v for k, v in report["iterations"][-1].items() if k != "checks"}), flush=True)
 
     if args.profile_rollout:
-        report["rollout_traces"] = sorted(str(p) for p in Path(args.profile_rollout).rglob("*") if p.is_file())
+        report["rollout_traces"] = sorted(
+            str(p) for p in Path(args.profile_rollout).rglob("*") if p.is_file() and p.stat().st_mtime >= started_wall
+        )
     report["wall_s"] = round(time.perf_counter() - started, 1)
     Path(args.report).parent.mkdir(parents=True, exist_ok=True)
     Path(args.report).write_text(json.dumps(report, indent=1))

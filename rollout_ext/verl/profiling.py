@@ -92,15 +92,18 @@ def phase_trace(phase: str, save_dir: str | Path, *, rank: int = 0, ranks: Seque
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m rollout_ext.verl.profiling SAVE_DIR`: print the rollout-only preset as CLI overrides."""
+    """`python -m rollout_ext.verl.profiling SAVE_DIR`: print the rollout-only preset as CLI overrides.
+
+    Printed unquoted, for `$(...)` in a shell command line (no value contains spaces).
+    """
     import argparse
-    import shlex
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("save_dir")
     parser.add_argument("--max-response-length", type=int, default=256)
     args = parser.parse_args(argv)
-    print(" ".join(shlex.quote(o) for o in rollout_only_preset(args.save_dir, max_response_length=args.max_response_length)))
+    overrides = rollout_only_preset(args.save_dir, max_response_length=args.max_response_length)
+    print(" ".join(overrides))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ def test_rollout_only_preset_resolves_in_verls_config(tmp_path):
 
     from rollout_ext.verl.tiny_run import compose
 
-    cfg = compose(["actor_rollout_ref.rollout.name=rollout_ext", *rollout_only_preset(tmp_path, max_response_length=64)])
+    preset = rollout_only_preset(tmp_path, max_response_length=64)
+    cfg = compose(["actor_rollout_ref.rollout.name=rollout_ext", *preset])
     rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout.profiler)
     actor = cfg.actor_rollout_ref.actor.profiler
     assert rollout.enable and rollout.tool == profiler_tool() == "torch"

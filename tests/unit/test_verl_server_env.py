@@ -30,7 +30,8 @@ def test_server_env_carries_the_driver_config():
 
 
 def test_server_env_respects_user_binding_and_has_no_cpu_settings_on_npu():
-    assert server_env_vars(0, 2, "cpu", {"VLLM_CPU_OMP_THREADS_BIND": "nobind"})["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    env = server_env_vars(0, 2, "cpu", {"VLLM_CPU_OMP_THREADS_BIND": "nobind"})
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     npu = server_env_vars(0, 8, "npu", {"ROLLOUT_EXT_MC2": "1"})
     assert "VLLM_CPU_OMP_THREADS_BIND" not in npu and npu["ROLLOUT_EXT_MC2"] == "1"
 

@@ -39,14 +39,14 @@ def named_as_vllm(rollout_config) -> Iterator[None]:
     if getattr(rollout_config, "name", None) != BACKEND:
         yield
         return
-    _set_name(rollout_config, VLLM_BACKEND)
+    set_name(rollout_config, VLLM_BACKEND)
     try:
         yield
     finally:
-        _set_name(rollout_config, BACKEND)
+        set_name(rollout_config, BACKEND)
 
 
-def _set_name(rollout_config, name: str) -> None:
+def set_name(rollout_config, name: str) -> None:
     from omegaconf import DictConfig, open_dict, read_write
 
     if isinstance(rollout_config, DictConfig):

@@ -11,8 +11,8 @@ from __future__ import annotations
 import copy
 import functools
 
-from rollout_ext.verl.names import BACKEND
-from rollout_ext.verl.parity._guard import _set_name, check_target
+from rollout_ext.verl.names import BACKEND, VLLM_BACKEND
+from rollout_ext.verl.parity._guard import check_target, set_name
 
 TARGET = "verl.workers.rollout.llm_server"
 _original = None
@@ -33,7 +33,7 @@ def apply() -> None:
         rollout = _rollout_of(self.config)
         if rollout is not None and rollout.get("name") == BACKEND:
             view = copy.deepcopy(self.config)
-            _set_name(_rollout_of(view), "vllm")
+            set_name(_rollout_of(view), VLLM_BACKEND)
             self.config = view
 
     LLMServerClient.__init__ = __init__
