@@ -20,7 +20,13 @@ step model and the in-flight requests' predicted remaining tokens r_i and contex
 The first term is the number of steps (the longest sequence, or the batch throughput limit);
 the sum is each sequence's own share of the per-sequence and KV-read cost. It is additive,
 so adding or removing a request is O(1). Caveat: the policy has no clock, so each r_i is as of
-that request's last chunk boundary (up to one chunk stale); smaller chunks make F fresher.
+that request's last chunk boundary (up to one chunk stale, i.e. overstated); smaller chunks
+make F fresher. Measured alternative (not kept): a replica decodes its sequences in lock step,
+so releases give it a step clock and every r_i can be aged in O(1) (overdue ones re-predicted
+by survival). With true lengths that removes every harmful move (tail_aware_oracle = oracle_lpt,
+1.110 at R=128), but with the predictor it made tail_aware worse (1K chunks: R=16 1.716 vs
+1.621, R=128 1.245 vs 1.163 with re-prediction; 1.657 / 1.180 without): the overstated, stale
+remaining lengths act as a conservative bias against moving on weak evidence.
 
 `placement="finish"` (round 1): the head of the queue goes to the free replica whose F
 grows least, but only if that F stays within the predicted makespan (max F over replicas, or
