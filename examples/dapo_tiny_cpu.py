@@ -30,7 +30,8 @@ def dapo_overrides(args, data_dir: Path) -> list[str]:
     from rollout_ext.verl.tiny_run import rollout_overrides
 
     return [
-        *rollout_overrides(args.model, replicas=args.replicas, response_length=args.response_length, rollout_n=args.n),
+        *rollout_overrides(args.model, replicas=args.replicas, tp=args.tp, response_length=args.response_length,
+                           rollout_n=args.n),
         "trainer.use_v1=True",
         "algorithm.adv_estimator=grpo",
         "algorithm.filter_groups.enable=True",
@@ -138,6 +139,7 @@ def main() -> None:
     parser.add_argument("--data-dir", default=str(REPO / ".cache/data/arith"))
     parser.add_argument("--iterations", type=int, default=2)
     parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--tp", type=int, default=1, help="tensor parallel size of each replica")
     parser.add_argument("--prompts-per-step", type=int, default=4)
     parser.add_argument("--n", type=int, default=4, help="responses per prompt (DAPO group size)")
     parser.add_argument("--response-length", type=int, default=32)
@@ -163,7 +165,7 @@ def main() -> None:
 
         overrides += phase_overrides("rollout", Path(args.profile_rollout).resolve())
     config = compose(overrides)
-    init_local_ray(args.replicas, cache_env(REPO))
+    init_local_ray(args.replicas * args.tp, cache_env(REPO))
 
     from verl.experimental.agent_loop.agent_loop import AgentLoopManager
     from verl.utils import hf_tokenizer

@@ -15,7 +15,7 @@ from rollout_ext.verl.names import BACKEND
 LOOPBACK = "127.0.0.1"
 
 
-def rollout_overrides(model_dir: str | Path, *, replicas: int = 2, prompt_length: int = 64,
+def rollout_overrides(model_dir: str | Path, *, replicas: int = 2, tp: int = 1, prompt_length: int = 64,
                       response_length: int = 32, rollout_n: int = 1) -> list[str]:
     """Hydra overrides for verl's ppo_trainer config: tiny model, rollout_ext, CPU-sized engine."""
     max_model_len = prompt_length + response_length
@@ -24,8 +24,8 @@ def rollout_overrides(model_dir: str | Path, *, replicas: int = 2, prompt_length
         f"actor_rollout_ref.model.path={model_dir}",
         f"{rollout}.name={BACKEND}",
         f"{rollout}.nnodes=1",
-        f"{rollout}.n_gpus_per_node={replicas}",
-        f"{rollout}.tensor_model_parallel_size=1",
+        f"{rollout}.n_gpus_per_node={replicas * tp}",
+        f"{rollout}.tensor_model_parallel_size={tp}",
         f"{rollout}.dtype=float32",
         f"{rollout}.enforce_eager=True",
         f"{rollout}.free_cache_engine=False",
