@@ -17,7 +17,6 @@ Verification: the NPU paths are checked here only by binding each call against t
 torch_npu 2.14 schema and by an emulation of each op's documented math (tests/contract).
 """
 
-import threading
 
 import torch
 
@@ -87,27 +86,19 @@ def apply_rotary_reference(
 class _FirstTableTracker:
     """Remembers the first cos_sin_cache handed to the ATB rope op.
 
-    The strong reference keeps that table's storage alive, so its data_ptr cannot be reused by
-    another table and mistaken for it."""
+    Identity only, and no lock: on NPU this runs inside code that torch.compile traces whole
+    (fullgraph), where neither a lock nor data_ptr() can be traced. The model forward runs on one
+    thread. The strong reference keeps the first table alive, so it can never be mistaken for
+    another."""
 
     def __init__(self) -> None:
         self._table: torch.Tensor | None = None
-        self._lock = threading.Lock()
 
     def claim(self, table: torch.Tensor) -> bool:
         """True if `table` is the one the ATB op has (or will now have) cached."""
-        with self._lock:
-            if self._table is None:
-                self._table = table
-                return True
-            first = self._table
-            return first is table or (
-                first.data_ptr() == table.data_ptr()
-                and first.shape == table.shape
-                and first.stride() == table.stride()
-                and first.dtype == table.dtype
-                and first.device == table.device
-            )
+        if self._table is None:
+            self._table = table
+        return self._table is table
 
 
 _ATB_ROPE_TABLE = _FirstTableTracker()
