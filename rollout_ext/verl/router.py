@@ -1,0 +1,237 @@
+"""verl 0.9.1 `RequestLoadBalancer` over a rollout_ext balancing policy (a Ray actor).
+
+Select it with `actor_rollout_ref.rollout.router_config_path=examples/router_tail_aware.yaml`;
+verl loads the YAML, imports `router_class` and starts `ray.remote(TailAwareRouter)` with
+`(servers, yaml_dict)` (verl/workers/rollout/router.py:`_create_plugin_extension`).
+
+The policy (rollout_ext.balance) is plain Python; this actor only translates verl's calls:
+- `acquire_server(request_id, prompt_ids=..., sampling_params=...)`: the first acquire of a
+  request id submits it (group = hash of its prompt tokens, so the samples of one prompt share a
+  group); later acquires are chunk boundaries, with `len(prompt_ids) - prompt_len` tokens already
+  generated. When the policy parks a request (answer None), the call awaits until the policy
+  places it: the method is async, so the actor is an asyncio actor and a parked caller does not
+  block other calls (verl's client awaits `acquire_server.remote(...)`, llm_server.py:81).
+- `release_server(server_id, request_id, generated_tokens=None, finished=None)`: verl's plain
+  client passes only the ids, and one generate call is one whole turn, so a missing `finished`
+  means finished. `ChunkedLLMServerClient` (continuation.py) passes both fields after each chunk.
+- A request id acquired again after it finished is a new turn of a multi-turn conversation; it
+  becomes a new policy request (`<id>#<turn>`), since the policy never re-opens a finished one.
+- `remove_servers` hands the removed replicas' in-flight requests back to the policy; their
+  clients re-acquire them (continuation.py does so when a replica dies mid-chunk).
+
+Calls from one client may arrive out of order in an asyncio actor, so an acquire of a request
+still held on a replica first releases it there (finished=False) instead of trusting order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollout_ext.balance.policy import RoundRobinPolicy, VerlDefaultPolicy
+from rollout_ext.balance.predictor import LengthPredictor, PredictorConfig
+from rollout_ext.balance.request import Request
+from rollout_ext.balance.step_model import StepModel
+from rollout_ext.balance.tail_aware import TailAwareConfig, TailAwarePolicy
+
+POLICY_NAMES = ("round_robin", "verl_default", "tail_aware_placement", "tail_aware")
+NO_SERVERS = "No available servers in load balancer"  # verl's wording: FullyAsync clients retry on it
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RouterConfig:
+    policy: str = "tail_aware"  # one of POLICY_NAMES
+    chunk_tokens: int = 1024  # continuation chunk for ChunkedLLMServerClient (0: no chunking)
+    slots_per_replica: int = 256  # running sequences a replica takes (match rollout.max_num_seqs)
+    default_max_tokens: int = 4096  # response cap when a request's sampling_params carry none
+    seed: int = 0  # tie-breaks inside the policy
+    step_model: dict = field(default_factory=dict)  # StepModel fields (tail_aware only)
+    tail_aware: dict = field(default_factory=dict)  # TailAwareConfig fields (tail_aware only)
+    predictor: dict = field(default_factory=dict)  # PredictorConfig fields (tail_aware only)
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICY_NAMES:
+            raise ValueError(f"router policy={self.policy!r}; allowed: {', '.join(POLICY_NAMES)}")
+        if self.chunk_tokens < 0 or self.slots_per_replica < 1 or self.default_max_tokens < 1:
+            raise ValueError("router: chunk_tokens >= 0, slots_per_replica >= 1, default_max_tokens >= 1 required")
+
+    @classmethod
+    def from_yaml_dict(cls, raw: dict | None) -> "RouterConfig":
+        raw = dict(raw or {})
+        raw.pop("router_class", None)
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"router config: unknown keys {unknown}; known: {sorted(known)}")
+        return cls(**raw)
+
+
+def make_policy(config: RouterConfig):
+    """The balancing policy named in the router config (no true lengths: oracle policies are sim-only)."""
+    slots = config.slots_per_replica
+    if config.policy == "round_robin":
+        return RoundRobinPolicy(slots_per_replica=slots, seed=config.seed)
+    if config.policy == "verl_default":
+        return VerlDefaultPolicy(slots_per_replica=slots, seed=config.seed)
+    model = StepModel(**{"max_num_seqs": slots, **config.step_model})
+    tail = dict(config.tail_aware)
+    if config.policy == "tail_aware_placement":
+        tail["redispatch"] = False
+    return TailAwarePolicy(predictor=LengthPredictor(PredictorConfig(**config.predictor)), model=model,
+                           config=TailAwareConfig(**tail), slots_per_replica=slots, seed=config.seed)
+
+
+def prompt_hash(prompt_ids) -> str:
+    data = ",".join(str(int(t)) for t in prompt_ids).encode()
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
+class TailAwareRouter:
+    """Implements every method of verl's RequestLoadBalancer protocol; see the module docstring."""
+
+    def __init__(self, servers: dict[str, Any], config: dict | None = None) -> None:
+        self.config = RouterConfig.from_yaml_dict(config)
+        self.policy = make_policy(self.config)
+        self._handles: dict[str, Any] = {}
+        self._inflight: dict[str, int] = {}  # server -> chunks running there (verl's status view)
+        self._key: dict[str, str] = {}  # verl request id -> policy request id of its current turn
+        self._turns: dict[str, int] = {}
+        self._prompt_len: dict[str, int] = {}  # policy request id -> prompt tokens of its turn
+        self._held: dict[str, str] = {}  # policy request id -> server running its chunk now
+        self._chunk_start: dict[str, int] = {}  # policy request id -> tokens generated when its chunk began
+        self._waiters: dict[str, asyncio.Future] = {}
+        self._group_sizes: dict[str, int] = {}
+        self.add_servers(servers)
+
+    # ---- verl protocol ----------------------------------------------------------------------
+    def require_acquire_fields(self) -> list[str]:
+        return ["prompt_ids", "sampling_params"]
+
+    def require_release_fields(self) -> list[str]:
+        return ["request_id"]
+
+    async def acquire_server(self, request_id: str, prompt_ids=None, sampling_params=None, **_unused):
+        key = self._key_for(request_id, prompt_ids, sampling_params)
+        prompt_len = self._prompt_len[key]
+        generated = max(0, len(prompt_ids) - prompt_len) if prompt_ids is not None else self.policy.generated[key]
+        if key in self._held:
+            # A release from the same client may still be queued behind this call.
+            self._release(key, self._held[key], generated, finished=False)
+        while True:
+            if not self._handles:
+                raise RuntimeError(NO_SERVERS)
+            server_id = self.policy.acquire(key, generated)
+            if server_id is None:
+                # Register before pumping the policy: the pump may place this very request.
+                waiter = asyncio.get_running_loop().create_future()
+                self._waiters[key] = waiter
+                self._wake_placed()
+                server_id = await waiter
+            else:
+                self._wake_placed()
+            if server_id in self._handles:
+                break
+            # Placed on a replica that was removed before this call woke up: ask again.
+        self._held[key] = server_id
+        self._chunk_start[key] = generated
+        self._inflight[server_id] += 1
+        return server_id, self._handles[server_id]
+
+    def release_server(self, server_id: str, request_id: str | None = None,
+                       generated_tokens: int | None = None, finished: bool | None = None) -> None:
+        key = self._key.get(request_id) if request_id is not None else None
+        if key is None or self._held.get(key) != server_id:
+            return  # stale (replica removed, or already released by a later acquire)
+        if not finished and generated_tokens is not None and generated_tokens <= self._chunk_start[key]:
+            return  # the previous chunk's release, overtaken by this chunk's acquire (no chunk ends empty)
+        if finished is None:
+            finished = True  # verl's plain client: one generate call is the whole turn
+        if generated_tokens is None:
+            generated_tokens = self.policy.generated[key]
+        self._release(key, server_id, generated_tokens, finished)
+
+    def add_servers(self, servers: dict[str, Any]) -> None:
+        for server_id, handle in servers.items():
+            self._handles[server_id] = handle
+            self._inflight.setdefault(server_id, 0)
+            self.policy.add_replica(server_id)
+        self._wake_placed()
+
+    def remove_servers(self, server_ids: list[str]) -> list[str]:
+        """Returns the policy request ids that were running there; their clients re-acquire them."""
+        orphans: list[str] = []
+        for server_id in server_ids:
+            if server_id not in self._handles:
+                continue
+            orphans += self.policy.remove_replica(server_id)
+            del self._handles[server_id]
+            self._inflight.pop(server_id, None)
+        for key in orphans:
+            self._held.pop(key, None)  # their releases from the dead replica are stale now
+        self._wake_placed()
+        return orphans
+
+    def get_all_servers(self) -> list[str]:
+        return list(self._handles)
+
+    def get_status(self) -> dict:
+        return {
+            "servers": dict(self._inflight),
+            "total_inflight": sum(self._inflight.values()),
+            "active_servers": len(self._handles),
+            "registered_handles": list(self._handles),
+            "waiting": len([w for w in self._waiters.values() if not w.done()]),
+            "policy": self.policy.snapshot(),
+        }
+
+    def clear_sticky_cache(self) -> dict:
+        """Forgets finished turns. In-flight sequences keep their replica: moving them is the policy's call."""
+        finished = [rid for rid, key in self._key.items() if key in self.policy.finished]
+        for rid in finished:
+            del self._key[rid]
+        return {"cleared_entries": len(finished), "server_loads": dict(self._inflight)}
+
+    def get_total_inflight(self) -> int:
+        return sum(self._inflight.values())
+
+    # ---- rollout_ext extras -----------------------------------------------------------------
+    def chunk_tokens(self) -> int:
+        """Continuation chunk size that ChunkedLLMServerClient asks for (0: generate in one piece)."""
+        return self.config.chunk_tokens
+
+    def policy_key(self, request_id: str) -> str | None:
+        return self._key.get(request_id)
+
+    # ---- internals --------------------------------------------------------------------------
+    def _key_for(self, request_id: str, prompt_ids, sampling_params) -> str:
+        key = self._key.get(request_id)
+        if key is not None and key not in self.policy.finished:
+            return key
+        turn = self._turns.get(request_id, -1) + 1
+        self._turns[request_id] = turn
+        key = request_id if turn == 0 else f"{request_id}#{turn}"
+        self._key[request_id] = key
+        ids = list(prompt_ids) if prompt_ids is not None else []
+        group = prompt_hash(ids)
+        sample = self._group_sizes.get(group, 0)
+        self._group_sizes[group] = sample + 1
+        max_tokens = (sampling_params or {}).get("max_tokens") or (sampling_params or {}).get("max_new_tokens")
+        self._prompt_len[key] = len(ids)
+        self.policy.submit(Request(key, group, sample, len(ids), int(max_tokens or self.config.default_max_tokens),
+                                   group))
+        return key
+
+    def _release(self, key: str, server_id: str, generated: int, finished: bool) -> None:
+        del self._held[key]
+        if self._inflight.get(server_id, 0) > 0:
+            self._inflight[server_id] -= 1
+        self.policy.release(key, server_id, generated, finished)
+        self._wake_placed()
+
+    def _wake_placed(self) -> None:
+        for key, server_id in self.policy.take_ready():
+            waiter = self._waiters.pop(key, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(server_id)

@@ -1,0 +1,163 @@
+"""TailAwareRouter under verl's RequestLoadBalancer protocol, in a real Ray actor started by verl's loader.
+
+The servers are plain Ray actors defined here (they only need to be handles); the router is built by
+verl's own `get_router_handle(servers, router_config_path=...)`, so the YAML loading, `ray.remote`
+wrapping and constructor call are verl's. Ray runs in a subprocess pinned to 127.0.0.1
+(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 must be set before ray is imported); it prints one JSON report.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _scenarios(tmp: Path) -> dict:
+    import asyncio
+
+    import ray
+    from verl.workers.rollout.router import RequestLoadBalancer, get_router_handle
+
+    from rollout_ext.verl.router import TailAwareRouter
+
+    @ray.remote(num_cpus=0)
+    class Server:
+        def name(self) -> str:
+            return "server"
+
+    out: dict = {}
+    protocol = {n for n in dir(RequestLoadBalancer) if not n.startswith("_")}
+    out["missing_methods"] = sorted(protocol - set(dir(TailAwareRouter)))
+
+    def router(policy: str, slots: int):
+        path = tmp / f"{policy}-{slots}.yaml"
+        path.write_text(f"router_class: rollout_ext.verl.router.TailAwareRouter\npolicy: {policy}\n"
+                        f"slots_per_replica: {slots}\nchunk_tokens: 8\n")
+        servers = {f"s{i}": Server.remote() for i in range(2)}
+        return get_router_handle(servers, router_config_path=str(path))
+
+    async def run() -> None:
+        # verl_default: least in-flight, sticky continuations, release bookkeeping.
+        lb = router("verl_default", 4)
+        out["fields"] = [await lb.require_acquire_fields.remote(), await lb.require_release_fields.remote()]
+        out["chunk_tokens"] = await lb.chunk_tokens.remote()
+        a, _ = await lb.acquire_server.remote(request_id="a", prompt_ids=[1, 2, 3], sampling_params={"max_tokens": 16})
+        b, _ = await lb.acquire_server.remote(request_id="b", prompt_ids=[4, 5], sampling_params={"max_tokens": 16})
+        out["spread"] = a != b
+        await lb.release_server.remote(server_id=a, request_id="a", generated_tokens=8, finished=False)
+        again, handle = await lb.acquire_server.remote(request_id="a", prompt_ids=[1, 2, 3] + [0] * 8,
+                                                        sampling_params={"max_tokens": 16})
+        out["sticky"] = again == a
+        out["handle_works"] = await handle.name.remote() == "server"
+        out["inflight_2"] = await lb.get_total_inflight.remote()
+        # A release queued behind the next acquire: the acquire releases first, the late release is stale.
+        await lb.acquire_server.remote(request_id="a", prompt_ids=[1, 2, 3] + [0] * 12, sampling_params={})
+        await lb.release_server.remote(server_id=a, request_id="a", generated_tokens=12, finished=False)
+        out["inflight_after_out_of_order"] = await lb.get_total_inflight.remote()
+        await lb.release_server.remote(server_id=a, request_id="a", generated_tokens=16, finished=True)
+        await lb.release_server.remote(server_id=b, request_id="b")  # verl's plain client: finished
+        status = await lb.get_status.remote()
+        out["status_keys"] = sorted(status)
+        out["finished"] = status["policy"]["finished"]
+        out["inflight_0"] = await lb.get_total_inflight.remote()
+        # A finished request id acquired again is a new turn.
+        await lb.acquire_server.remote(request_id="a", prompt_ids=[1, 2, 3, 9, 9], sampling_params={})
+        out["turn_key"] = await lb.policy_key.remote("a")
+        out["cleared"] = (await lb.clear_sticky_cache.remote())["cleared_entries"]
+
+        # tail_aware with one slot per replica: the third request waits until a slot frees.
+        lb = router("tail_aware", 1)
+        first = [await lb.acquire_server.remote(request_id=r, prompt_ids=[7, i], sampling_params={"max_tokens": 64})
+                 for i, r in enumerate(("x", "y"))]
+        out["two_replicas_used"] = len({s for s, _ in first}) == 2
+        parked = lb.acquire_server.remote(request_id="z", prompt_ids=[7, 9], sampling_params={"max_tokens": 64})
+        done, _ = ray.wait([parked], timeout=1.0)
+        out["parked_while_full"] = not done
+        await lb.release_server.remote(server_id=first[0][0], request_id="x", generated_tokens=5, finished=True)
+        out["placed_after_release"] = (await parked)[0] == first[0][0]
+
+        # remove_servers hands the replica's in-flight requests back; they re-acquire elsewhere.
+        orphans = await lb.remove_servers.remote([first[1][0]])
+        out["orphans"] = orphans
+        out["servers_left"] = await lb.get_all_servers.remote()
+        await lb.release_server.remote(server_id=first[0][0], request_id="z", generated_tokens=8, finished=False)
+        moved, _ = await lb.acquire_server.remote(request_id="y", prompt_ids=[7, 1] + [0] * 8, sampling_params={})
+        out["orphan_redispatched_to"] = moved
+        await lb.remove_servers.remote(await lb.get_all_servers.remote())
+        try:
+            await lb.acquire_server.remote(request_id="w", prompt_ids=[1], sampling_params={})
+            out["empty_pool_error"] = None
+        except ray.exceptions.RayTaskError as e:
+            out["empty_pool_error"] = str(e.cause) if hasattr(e, "cause") else str(e)
+        await lb.add_servers.remote({"s9": Server.remote()})
+        out["added"] = await lb.get_all_servers.remote()
+
+    asyncio.run(run())
+    return out
+
+
+def main(tmp: str) -> None:
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        print("REPORT" + json.dumps(_scenarios(Path(tmp))))
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    from rollout_ext.config import environ_copy
+
+    env = {**environ_copy(), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
+           "PYTHONPATH": str(REPO)}
+    tmp = tmp_path_factory.mktemp("router")
+    done = subprocess.run([sys.executable, __file__, str(tmp)], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=180)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT")]
+    assert done.returncode == 0 and lines, (done.stdout[-3000:], done.stderr[-5000:])
+    return json.loads(lines[-1][len("REPORT"):])
+
+
+def test_router_has_every_protocol_method(report):
+    assert report["missing_methods"] == []
+    assert report["fields"] == [["prompt_ids", "sampling_params"], ["request_id"]]
+    assert report["chunk_tokens"] == 8
+
+
+def test_verl_default_spreads_sticks_and_counts(report):
+    assert report["spread"] and report["sticky"] and report["handle_works"]
+    assert report["inflight_2"] == 2
+    assert report["inflight_after_out_of_order"] == 2
+    assert report["inflight_0"] == 0 and report["finished"] == 2
+    assert {"servers", "total_inflight", "active_servers", "policy"} <= set(report["status_keys"])
+
+
+def test_finished_request_id_starts_a_new_turn(report):
+    assert report["turn_key"] == "a#1"
+    assert report["cleared"] == 1  # "b" finished; "a" is live again in its second turn
+
+
+def test_parked_acquire_waits_for_a_free_slot(report):
+    assert report["two_replicas_used"]
+    assert report["parked_while_full"]
+    assert report["placed_after_release"]
+
+
+def test_removed_replica_hands_back_its_requests(report):
+    assert report["orphans"] == ["y"]
+    assert len(report["servers_left"]) == 1
+    assert report["orphan_redispatched_to"] == report["servers_left"][0]
+    assert "No available servers" in report["empty_pool_error"]
+    assert report["added"] == ["s9"]
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
