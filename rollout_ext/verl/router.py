@@ -103,6 +103,7 @@ class TailAwareRouter:
         self._chunk_start: dict[str, int] = {}  # policy request id -> tokens generated when its chunk began
         self._waiters: dict[str, asyncio.Future] = {}
         self._group_sizes: dict[str, int] = {}
+        self._acquires = 0
         self.add_servers(servers)
 
     # ---- verl protocol ----------------------------------------------------------------------
@@ -135,6 +136,7 @@ class TailAwareRouter:
                 break
             # Placed on a replica that was removed before this call woke up: ask again.
         self._held[key] = server_id
+        self._acquires += 1
         self._chunk_start[key] = generated
         self._inflight[server_id] += 1
         return server_id, self._handles[server_id]
@@ -183,6 +185,7 @@ class TailAwareRouter:
             "active_servers": len(self._handles),
             "registered_handles": list(self._handles),
             "waiting": len([w for w in self._waiters.values() if not w.done()]),
+            "acquires": self._acquires,
             "policy": self.policy.snapshot(),
         }
 
@@ -200,6 +203,12 @@ class TailAwareRouter:
     def chunk_tokens(self) -> int:
         """Continuation chunk size that ChunkedLLMServerClient asks for (0: generate in one piece)."""
         return self.config.chunk_tokens
+
+    def end_epoch(self) -> None:
+        """Call after each training step's rollout: the length predictor turns this batch into history."""
+        predictor = getattr(self.policy, "predictor", None)
+        if predictor is not None:
+            predictor.end_epoch()
 
     def policy_key(self, request_id: str) -> str | None:
         return self._key.get(request_id)

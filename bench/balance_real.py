@@ -1,0 +1,219 @@
+"""Balancing policies on real vLLM CPU replicas behind verl's router path, in one run.
+
+Setup: verl's LLMServerManager starts `--replicas` rollout_ext replicas of the tiny model; for each
+policy a fresh TailAwareRouter (rollout_ext.verl.router) is started by verl's own
+`get_router_handle` from a router YAML, and a ChunkedLLMServerClient (rollout_ext.verl.continuation)
+sends every sample of the synthetic batch at once, in `--chunk-tokens` chunks. The makespan is the
+wall time from the first request to the last finished one. All policies run on the same replicas
+and the same workload, one after another.
+
+True lengths: rollout_ext.balance.workload draws them (long-tailed, group-correlated, then clipped
+to [--min-len, --cap]). The random-weight model would almost never stop by itself, so each request
+carries `extra_args.eos_at_total = prompt + length` and a test-only vLLM logits processor
+(rollout_ext.testing.forced_length) emits EOS exactly there. The router never sees it: the chunked
+client sends the router only the prompt tokens and the cap, and the policy gets a Request (prompt
+length, cap, group hash). Each policy first rolls out a warm-up epoch (epoch -1 of the same prompts,
+a drifted prompt effect) so the length predictor has per-prompt history, as in a training run.
+
+Run it through the environment Ray needs to stay on 127.0.0.1:
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 .venv/bin/python bench/balance_real.py --json out.json
+Importable: `run_real(args)` returns the JSON dict; `main(argv)` parses, runs and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from rollout_ext.balance.workload import WorkloadConfig, make_workload  # noqa: E402
+
+FIRST_PROMPT_TOKEN = 3  # ids 0..2 are bos/eos/pad in the tiny model
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=str(REPO / ".cache" / "models" / "tiny-qwen2"))
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--policies", default="verl_default,tail_aware")
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--samples", type=int, default=4)
+    p.add_argument("--min-len", type=int, default=16)
+    p.add_argument("--cap", type=int, default=512)
+    p.add_argument("--mean-len", type=float, default=120.0)
+    p.add_argument("--prompt-tokens", type=int, default=32, help="mean prompt length")
+    p.add_argument("--chunk-tokens", type=int, default=64)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--warm-epochs", type=int, default=1, help="epochs rolled out before the measured one")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    a.policy_list = [x.strip() for x in a.policies.split(",") if x.strip()]
+    if a.replicas < 1 or a.chunk_tokens < 1 or not 1 <= a.min_len < a.cap:
+        p.error("--replicas >= 1, --chunk-tokens >= 1, 1 <= --min-len < --cap required")
+    return a
+
+
+# ---- workload -------------------------------------------------------------------------------------
+def make_jobs(a, epoch: int) -> list[dict]:
+    """One job per sample: prompt ids (same ids for the same prompt in every epoch) and true length."""
+    cfg = WorkloadConfig(prompts=a.prompts, samples=a.samples, mean_tokens=a.mean_len, cap_tokens=a.cap,
+                         mean_prompt_tokens=a.prompt_tokens, seed=a.seed)
+    w = make_workload(cfg, epoch=epoch)
+    jobs = []
+    for i in range(len(w)):
+        prompt = i // a.samples
+        rng = np.random.default_rng([a.seed, prompt])
+        n = int(min(w.prompt_tokens[i], 4 * a.prompt_tokens))
+        ids = rng.integers(FIRST_PROMPT_TOKEN, 1000, n).tolist()
+        jobs.append({"request_id": f"{w.request_ids[i]}-{a.seed}", "prompt_ids": ids,
+                     "length": int(np.clip(w.lengths[i], a.min_len, a.cap))})
+    return jobs
+
+
+# ---- replicas, router, client ---------------------------------------------------------------------
+def start_replicas(a):
+    """verl's LLMServerManager with rollout_ext replicas of the tiny model (Ray on 127.0.0.1)."""
+    from rollout_ext.testing.forced_length import FQCN
+    from rollout_ext.verl.tiny_run import compose, init_local_ray, rollout_overrides
+
+    prompt_len = 4 * a.prompt_tokens
+    overrides = rollout_overrides(a.model, replicas=a.replicas, prompt_length=prompt_len, response_length=a.cap)
+    overrides = [o for o in overrides if "max_num_seqs" not in o] + [
+        f"actor_rollout_ref.rollout.max_num_seqs={a.max_num_seqs}",
+        f"+actor_rollout_ref.rollout.engine_kwargs.rollout_ext.logits_processors=[{FQCN}]",
+    ]
+    config = compose(overrides)
+    init_local_ray(a.replicas, _cache_env())
+    from verl.workers.rollout.llm_server import LLMServerManager
+
+    return config, LLMServerManager.create(config, worker_group=None)
+
+
+def _cache_env() -> dict[str, str]:
+    cache = REPO / ".cache"
+    return {"VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
+
+
+def make_router(manager, policy: str, chunk_tokens: int, slots: int, tmp: Path, extra: str = ""):
+    """A fresh router actor over the manager's replicas, built by verl from a router YAML."""
+    from verl.workers.rollout.router import get_router_handle
+
+    path = tmp / f"router-{policy}-{time.monotonic_ns()}.yaml"
+    path.write_text("router_class: rollout_ext.verl.router.TailAwareRouter\n"
+                    f"policy: {policy}\nchunk_tokens: {chunk_tokens}\nslots_per_replica: {slots}\n{extra}")
+    servers = dict(zip(manager.server_addresses, manager.server_handles, strict=True))
+    return get_router_handle(servers, router_config_path=str(path))
+
+
+def make_client(config, router, eos_id: int = 1):
+    from rollout_ext.verl.continuation import ChunkedLLMServerClient
+
+    return ChunkedLLMServerClient(config, router, eos_token_ids=[eos_id])
+
+
+def sampling_params(job: dict, cap: int, eos_id: int = 1) -> dict:
+    return {"temperature": 0.0, "max_tokens": cap, "logprobs": True,
+            "extra_args": {"eos_at_total": len(job["prompt_ids"]) + job["length"], "eos_id": eos_id}}
+
+
+async def rollout(client, jobs: list[dict], cap: int) -> dict:
+    """All jobs at once; returns makespan and per-request outputs."""
+    t0 = time.perf_counter()
+    finish_s: dict[str, float] = {}
+
+    async def one(job):
+        out = await client.generate(job["request_id"], prompt_ids=job["prompt_ids"],
+                                    sampling_params=sampling_params(job, cap))
+        finish_s[job["request_id"]] = time.perf_counter() - t0
+        return out
+
+    outs = await asyncio.gather(*(one(j) for j in jobs))
+    return {"makespan_s": max(finish_s.values()), "outputs": outs, "finish_s": finish_s}
+
+
+# ---- the benchmark ----------------------------------------------------------------------------------
+def run_real(a) -> dict:
+    import ray
+
+    config, manager = start_replicas(a)
+    tmp = Path(tempfile.mkdtemp(prefix="balance_real-"))
+    results = []
+    try:
+        measured = make_jobs(a, epoch=0)
+        # Warm the engines (first steps compile and allocate) so the first policy is not penalised.
+        asyncio.run(rollout(make_client(config, make_router(manager, "verl_default", a.chunk_tokens,
+                                                            a.max_num_seqs, tmp)),
+                            make_jobs(a, epoch=-99)[: 2 * a.replicas], a.cap))
+        for policy in a.policy_list:
+            router = make_router(manager, policy, a.chunk_tokens, a.max_num_seqs, tmp)
+            client = make_client(config, router)
+            for warm in range(a.warm_epochs):
+                asyncio.run(rollout(client, make_jobs(a, epoch=-1 - warm), a.cap))
+                ray.get(router.end_epoch.remote())
+            run = asyncio.run(rollout(client, measured, a.cap))
+            status = ray.get(router.get_status.remote())
+            wrong = [j["request_id"] for j, o in zip(measured, run["outputs"]) if len(o.token_ids) != j["length"]]
+            moved = sum(len(set(o.extra_fields["continuation_replicas"])) > 1 for o in run["outputs"])
+            results.append({
+                "policy": policy, "replicas": a.replicas, "makespan_s": round(run["makespan_s"], 3),
+                "moves": status["policy"]["moves"], "moved_sequences": moved,
+                "chunks": sum(o.extra_fields["continuation_chunks"] for o in run["outputs"]),
+                "wrong_lengths": len(wrong), "predictor": status["policy"].get("predictor"),
+            })
+            ray.kill(router)
+    finally:
+        ray.shutdown()
+    lengths = [j["length"] for j in measured]
+    by = {r["policy"]: r for r in results}
+    base = by.get("verl_default")
+    for r in results:
+        r["ratio_vs_verl_default"] = round(r["makespan_s"] / base["makespan_s"], 3) if base else None
+    return {
+        "setup": {
+            "model": a.model, "replicas": a.replicas, "prompts": a.prompts, "samples": a.samples,
+            "lengths": {"min": min(lengths), "max": max(lengths), "mean": round(float(np.mean(lengths)), 1),
+                        "sum": int(sum(lengths))},
+            "cap": a.cap, "chunk_tokens": a.chunk_tokens, "max_num_seqs": a.max_num_seqs,
+            "warm_epochs": a.warm_epochs, "seed": a.seed,
+            "length_control": "vLLM logits processor rollout_ext.testing.forced_length (EOS at prompt+length); "
+                              "the router sees only prompt ids and the cap",
+            "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine(),
+                        "cpus": _cpus()},
+        },
+        "results": results,
+    }
+
+
+def _cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0))
+
+
+def main(argv=None) -> dict:
+    a = parse_args(argv)
+    out = run_real(a)
+    print(json.dumps(out["setup"], indent=1))
+    print(f"{'policy':<22} {'makespan_s':>10} {'ratio':>7} {'moves':>6} {'chunks':>7} {'wrong_len':>9}")
+    for r in out["results"]:
+        print(f"{r['policy']:<22} {r['makespan_s']:>10.2f} {r['ratio_vs_verl_default'] or 0:>7.3f} "
+              f"{r['moves']:>6} {r['chunks']:>7} {r['wrong_lengths']:>9}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main()
