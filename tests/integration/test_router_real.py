@@ -1,0 +1,203 @@
+"""Chunked continuation and replica faults on real replicas: real Ray, real verl 0.9.1, real vLLM CPU.
+
+One subprocess (Ray pinned to 127.0.0.1) starts two rollout_ext replicas of the tiny model through
+verl's LLMServerManager, once for the module, and runs:
+1. reference: verl's own LLMServerClient + GlobalRequestLoadBalancer, one piece per request;
+2. forced moves: ChunkedLLMServerClient (8-token chunks) behind `PingPong`, a router written here
+   that sends every chunk of a request to the other replica, so each chunk is a move;
+3. sticky chunks: the same client behind TailAwareRouter (verl_default policy): chunks, no moves;
+4. fault: TailAwareRouter (tail_aware policy); one replica actor is killed with ray.kill while
+   its sequences are mid-generation.
+Lengths come from the test-only forced-EOS logits processor (rollout_ext.testing.forced_length);
+greedy decoding, log-probs on. The subprocess writes one JSON report that the tests read.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.heavy
+
+REPO = Path(__file__).resolve().parents[2]
+CHUNK = 8
+CAP = 40
+EOS = 1
+
+
+def _jobs() -> list[dict]:
+    # EOS inside a chunk, EOS exactly at a chunk boundary, EOS at the cap, and no EOS (runs to the cap).
+    lengths = [13, 16, 1, CAP, None, 27]
+    jobs = []
+    for i, length in enumerate(lengths):
+        prompt = [3 + (17 * i + 5 * k) % 900 for k in range(6 + i)]
+        jobs.append({"request_id": f"r{i}", "prompt_ids": prompt, "length": length})
+    return jobs
+
+
+def _params(job: dict) -> dict:
+    params = {"temperature": 0.0, "max_tokens": CAP, "logprobs": True}
+    if job["length"] is not None:
+        params["extra_args"] = {"eos_at_total": len(job["prompt_ids"]) + job["length"], "eos_id": EOS}
+    return params
+
+
+def _scenario(model: str) -> dict:
+    import argparse
+    import asyncio
+    import tempfile
+
+    import ray
+    from verl.workers.rollout.llm_server import LLMServerClient
+    from verl.workers.rollout.router import get_router_handle
+
+    sys.path.insert(0, str(REPO))
+    from bench.balance_real import make_client, make_router, start_replicas
+
+    args = argparse.Namespace(model=model, replicas=2, prompt_tokens=16, cap=CAP, max_num_seqs=16)
+    config, manager = start_replicas(args)
+    servers = dict(zip(manager.server_addresses, manager.server_handles, strict=True))
+    tmp = Path(tempfile.mkdtemp())
+
+    class PingPong:
+        """Every chunk goes to the other replica than the request's previous chunk."""
+
+        def __init__(self, servers):
+            self.servers = dict(servers)
+            self.turn = {}
+
+        def require_acquire_fields(self):
+            return []
+
+        def require_release_fields(self):
+            return ["request_id"]
+
+        def chunk_tokens(self):
+            return CHUNK
+
+        def acquire_server(self, request_id, **_):
+            ids = sorted(self.servers)
+            k = self.turn.get(request_id, -1) + 1
+            self.turn[request_id] = k
+            sid = ids[k % len(ids)]
+            return sid, self.servers[sid]
+
+        def release_server(self, server_id, request_id=None, **_):
+            pass
+
+        def remove_servers(self, server_ids):
+            for sid in server_ids:
+                self.servers.pop(sid, None)
+
+    def dump(out):
+        return {"token_ids": list(out.token_ids), "log_probs": list(out.log_probs or []),
+                "replicas": out.extra_fields.get("continuation_replicas"),
+                "chunks": out.extra_fields.get("continuation_chunks")}
+
+    async def run_all(client, jobs):
+        outs = await asyncio.gather(*(client.generate(j["request_id"], prompt_ids=j["prompt_ids"],
+                                                      sampling_params=_params(j)) for j in jobs))
+        return [dump(o) for o in outs]
+
+    report = {"servers": list(servers)}
+    jobs = _jobs()
+    reference = LLMServerClient(config, get_router_handle(servers))
+    report["reference"] = asyncio.run(run_all(reference, jobs))
+    report["pingpong"] = asyncio.run(run_all(make_client(config, ray.remote(PingPong).remote(servers)), jobs))
+    sticky = make_router(manager, "verl_default", CHUNK, 16, tmp)
+    report["sticky"] = asyncio.run(run_all(make_client(config, sticky), jobs))
+
+    # Fault: long sequences, one replica killed mid-rollout.
+    fault_jobs = [{"request_id": f"f{i}", "prompt_ids": [5 + (31 * i + 7 * k) % 900 for k in range(8)],
+                   "length": None} for i in range(8)]
+    report["fault_reference"] = asyncio.run(run_all(reference, fault_jobs))
+    router = make_router(manager, "tail_aware", CHUNK, 16, tmp)
+    client = make_client(config, router)
+    victim = manager.server_addresses[0]
+
+    async def with_kill():
+        task = asyncio.ensure_future(run_all(client, fault_jobs))
+        while True:
+            status = await router.get_status.remote()
+            busy = status["policy"]["replicas"].get(victim, {}).get("in_flight", 0)
+            if busy > 0 and status["acquires"] > len(fault_jobs) + 4:
+                break
+            await asyncio.sleep(0.02)
+        report["killed_with_in_flight"] = busy
+        report["killed_after_acquires"] = status["acquires"]
+        ray.kill(servers[victim])
+        return await task
+
+    report["fault"] = asyncio.run(with_kill())
+    report["fault_status"] = ray.get(router.get_status.remote())
+    report["fault_replaced"] = client.replaced_replicas
+    report["victim"] = victim
+    ray.shutdown()
+    return report
+
+
+@pytest.fixture(scope="module")
+def report(tiny_qwen2, engine_cache_env, tmp_path_factory):
+    from rollout_ext.config import environ_copy
+
+    out = tmp_path_factory.mktemp("router_real") / "report.json"
+    env = {**environ_copy(), **engine_cache_env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+           "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, __file__, str(tiny_qwen2), str(out)], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=420)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-6000:])
+    return json.loads(out.read_text())
+
+
+def _same(a: dict, b: dict) -> None:
+    assert a["token_ids"] == b["token_ids"]
+    assert len(a["log_probs"]) == len(b["log_probs"]) == len(a["token_ids"])
+    assert max((abs(x - y) for x, y in zip(a["log_probs"], b["log_probs"])), default=0.0) < 1e-4
+
+
+def test_reference_lengths_and_eos(report):
+    for job, ref in zip(_jobs(), report["reference"]):
+        want = CAP if job["length"] is None else job["length"]
+        assert len(ref["token_ids"]) == want
+        if job["length"] is not None:
+            assert ref["token_ids"][-1] == EOS and EOS not in ref["token_ids"][:-1]
+
+
+def test_continuation_is_token_exact_across_forced_moves(report):
+    for job, ref, got in zip(_jobs(), report["reference"], report["pingpong"]):
+        _same(got, ref)
+        assert len(got["token_ids"]) <= CAP
+        n = len(got["token_ids"])
+        assert got["chunks"] == max(1, -(-n // CHUNK))  # no chunk re-issued after EOS or the cap
+        if got["chunks"] > 1:
+            assert len(set(got["replicas"])) == 2  # it really moved
+            assert all(a != b for a, b in zip(got["replicas"], got["replicas"][1:]))
+
+
+def test_chunked_without_moves_equals_unchunked(report):
+    for ref, got in zip(report["reference"], report["sticky"]):
+        _same(got, ref)
+        assert len(set(got["replicas"])) == 1
+
+
+def test_killed_replica_loses_and_duplicates_nothing(report):
+    assert report["killed_with_in_flight"] > 0
+    assert report["victim"] in report["fault_replaced"]
+    status = report["fault_status"]
+    assert status["registered_handles"] == [s for s in report["servers"] if s != report["victim"]]
+    assert status["policy"]["finished"] == len(report["fault"]) == 8
+    assert status["policy"]["in_flight"] == 0 and status["total_inflight"] == 0
+    for ref, got in zip(report["fault_reference"], report["fault"]):
+        _same(got, ref)  # every sequence complete, each token once, equal to an undisturbed run
+        assert len(got["token_ids"]) == CAP
+    moved = [got for got in report["fault"] if report["victim"] in got["replicas"]]
+    assert moved and all(got["replicas"][-1] != report["victim"] for got in moved)
+
+
+if __name__ == "__main__":
+    Path(sys.argv[2]).write_text(json.dumps(_scenario(sys.argv[1])))
