@@ -77,7 +77,8 @@ class ChunkedLLMServerClient(LLMServerClient):
                                           image_data=image_data, video_data=video_data, audio_data=audio_data,
                                           mm_processor_kwargs=mm_processor_kwargs, **kwargs)
         kwargs.pop("mm_processor_output", None)
-        kwargs.pop("priority", None)  # verl's server takes it only for rollout.name == vllm
+        if not kwargs.get("priority"):
+            kwargs.pop("priority", None)  # our servers are vLLM servers: a set priority is passed on
         prompt_ids = normalize_token_ids(prompt_ids)
         params = dict(sampling_params)
         max_tokens = params.pop("max_tokens", None) or params.pop("max_new_tokens", None)
