@@ -1,4 +1,4 @@
-"""Command line: `python -m rollout_ext doctor [--json]` and `python -m rollout_ext env --preset NAME`."""
+"""Command line: `python -m rollout_ext doctor [--json]`, `env --preset NAME`, and `check --model DIR`."""
 
 from __future__ import annotations
 
@@ -108,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", required=True, help=f"one of: {', '.join(PRESETS)}")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override or add a variable")
     p.set_defaults(func=env)
+    from rollout_ext.check import add_parser
+
+    add_parser(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 

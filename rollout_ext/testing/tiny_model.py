@@ -109,6 +109,21 @@ SPECS: dict[str, TinySpec] = {
         rope_theta=5e5,
         qkv_bias=False,
     ),
+    # A third shape that no module was developed against: 3 layers, GQA 3, an intermediate size
+    # that is not a power of two, a vocab that is not a multiple of 64.
+    "qwen2-odd": TinySpec(
+        architecture="Qwen2ForCausalLM",
+        model_type="qwen2",
+        num_layers=3,
+        hidden_size=192,
+        num_heads=6,
+        num_kv_heads=2,
+        head_dim=32,
+        intermediate_size=224,
+        vocab_size=1000,
+        rope_theta=2e5,
+        qkv_bias=True,
+    ),
 }
 
 
