@@ -209,6 +209,7 @@ class TailAwareRouter:
         predictor = getattr(self.policy, "predictor", None)
         if predictor is not None:
             predictor.end_epoch()
+        self._group_sizes.clear()  # sample indices restart with the next batch
 
     def policy_key(self, request_id: str) -> str | None:
         return self._key.get(request_id)
@@ -237,6 +238,8 @@ class TailAwareRouter:
         if self._inflight.get(server_id, 0) > 0:
             self._inflight[server_id] -= 1
         self.policy.release(key, server_id, generated, finished)
+        if finished:
+            del self._prompt_len[key], self._chunk_start[key]
         self._wake_placed()
 
     def _wake_placed(self) -> None:
