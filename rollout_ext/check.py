@@ -1,8 +1,8 @@
 """`python -m rollout_ext check`: do the chosen modules change greedy output on YOUR model?
 
-Runs real vLLM twice in fresh processes — every module off, then the chosen switches on — with the
+Runs real vLLM in fresh processes — once with every module off, then once per variant — with the
 same token-id prompts, and compares tokens and the chosen tokens' log-probs. Use it on a new model
-shape before a long job; exit status 0 means token-identical.
+shape before a long job; exit status 0 means every variant was token-identical.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import random
 import sys
 from pathlib import Path
 
-from rollout_ext.config import ConfigError, ExtConfig
+from rollout_ext.config import MODULES, ConfigError, ExtConfig
 from rollout_ext.testing.equivalence import OFF_ENV
 from rollout_ext.testing.greedy import GreedySpec, run_greedy
 
@@ -35,6 +35,16 @@ def parse_switches(items: list[str]) -> dict[str, str]:
     return env
 
 
+def variant_env(name: str) -> dict[str, str]:
+    """'rope_cache+flashcomm' -> the switches that turn those modules on."""
+    env = {}
+    for module in name.split("+"):
+        if module not in MODULES:
+            raise ValueError(f"--variant {name!r}: unknown module {module!r}; known: {', '.join(MODULES)}")
+        env[f"ROLLOUT_EXT_{module.upper()}"] = "1"
+    return env
+
+
 def compare(on, off) -> dict:
     differing = [i for i, (a, b) in enumerate(zip(on.tokens, off.tokens)) if a != b]
     max_diff = 0.0
@@ -53,9 +63,10 @@ def run_check(args) -> int:
         print(f"--model {args.model!r}: no config.json there; pass a local HF checkpoint folder", file=sys.stderr)
         return 2
     try:
-        switches = parse_switches(args.set)
-        on_env = {**OFF_ENV, **switches}
-        ExtConfig.from_env(on_env)
+        common = parse_switches(args.set)
+        variants = {name: {**OFF_ENV, **common, **variant_env(name)} for name in args.variant or ["rope_cache"]}
+        for env in variants.values():
+            ExtConfig.from_env(env)
     except (ValueError, ConfigError) as e:
         print(e, file=sys.stderr)
         return 2
@@ -64,21 +75,27 @@ def run_check(args) -> int:
         tp=args.tp, enforce_eager=args.enforce_eager, dtype=args.dtype, max_num_batched_tokens=64,
         rope_counters=False,
     )
-    print(f"check: {model} tp={args.tp} {'eager' if args.enforce_eager else 'compiled'} {args.dtype}; on: {switches}")
+    mode = "eager" if args.enforce_eager else "compiled"
+    print(f"check: {model} tp={args.tp} {mode} {args.dtype}; variants {list(variants)}; with {common}")
     off = run_greedy(spec, OFF_ENV)
-    on = run_greedy(spec, on_env)
-    result = compare(on, off)
-    print(json.dumps(result))
-    print("IDENTICAL" if result["identical"] else f"DIFFERENT in requests {result['differing_requests']}")
-    return 0 if result["identical"] else 1
+    failed = []
+    for name, env in variants.items():
+        result = compare(run_greedy(spec, env), off)
+        print(f"{name}: {'IDENTICAL' if result['identical'] else 'DIFFERENT'} {json.dumps(result)}")
+        if not result["identical"]:
+            failed.append(name)
+    print(f"check: {len(variants) - len(failed)}/{len(variants)} variants token-identical to all-off")
+    return 1 if failed else 0
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("check", help="compare greedy output with modules on vs all off on a local model")
     p.add_argument("--model", required=True, help="local HF checkpoint folder")
     p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--variant", action="append", metavar="MODULE[+MODULE]",
+                   help=f"modules to switch on together, e.g. rope_cache+flashcomm (repeatable; default rope_cache); modules: {', '.join(MODULES)}")
     p.add_argument("--set", action="append", default=[], metavar="ROLLOUT_EXT_NAME=VALUE",
-                   help="a switch for the 'on' run, e.g. --set ROLLOUT_EXT_FLASHCOMM=1 (repeatable)")
+                   help="an extra setting for every variant run, e.g. ROLLOUT_EXT_FLASHCOMM_MIN_TOKENS=1")
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--num-prompts", type=int, default=6)

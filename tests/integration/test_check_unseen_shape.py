@@ -16,10 +16,6 @@ from rollout_ext.testing.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.heavy
 
-MODULE_SETS = {
-    "rope_cache+flashcomm": ["ROLLOUT_EXT_ROPE_CACHE=1", "ROLLOUT_EXT_FLASHCOMM=1"],
-    "mlp_only_tp+mc2": ["ROLLOUT_EXT_MLP_ONLY_TP=1", "ROLLOUT_EXT_MC2=1"],
-}
 THRESHOLDS = ["ROLLOUT_EXT_FLASHCOMM_MIN_TOKENS=1", "ROLLOUT_EXT_MC2_MIN_TOKENS=1"]
 
 
@@ -28,18 +24,21 @@ def odd_model(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("odd") / "tiny-qwen2-odd", arch="qwen2-odd", seed=3)
 
 
-@pytest.mark.parametrize("name", sorted(MODULE_SETS))
-def test_check_cli_tp2_identical(odd_model, engine_cache_env, name):
-    sets = [arg for switch in MODULE_SETS[name] + THRESHOLDS for arg in ("--set", switch)]
-    cmd = [sys.executable, "-m", "rollout_ext", "check", "--model", str(odd_model), "--tp", "2", "--enforce-eager", *sets]
+def test_check_cli_tp2_identical(odd_model, engine_cache_env):
+    sets = [arg for switch in THRESHOLDS for arg in ("--set", switch)]
+    variants = ["--variant", "rope_cache+flashcomm", "--variant", "mlp_only_tp+mc2"]
+    cmd = [sys.executable, "-m", "rollout_ext", "check", "--model", str(odd_model), "--tp", "2", "--enforce-eager",
+           *variants, *sets]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
                           env={"PATH": "/usr/bin:/bin", **engine_cache_env})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "IDENTICAL" in proc.stdout
+    assert "rope_cache+flashcomm: IDENTICAL" in proc.stdout and "mlp_only_tp+mc2: IDENTICAL" in proc.stdout
+    assert "2/2 variants token-identical" in proc.stdout
 
 
-def test_check_cli_rejects_conflicts_before_any_engine(odd_model):
-    cmd = [sys.executable, "-m", "rollout_ext", "check", "--model", str(odd_model),
-           "--set", "ROLLOUT_EXT_MC2=1", "--set", "ROLLOUT_EXT_FLASHCOMM=1"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+def test_check_cli_rejects_bad_input_before_any_engine(odd_model):
+    base = [sys.executable, "-m", "rollout_ext", "check", "--model", str(odd_model)]
+    proc = subprocess.run(base + ["--variant", "mc2+flashcomm"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "ROLLOUT_EXT_MC2=1 with ROLLOUT_EXT_FLASHCOMM=1" in proc.stderr
+    proc = subprocess.run(base + ["--variant", "rope"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "unknown module 'rope'" in proc.stderr and "rope_cache" in proc.stderr
