@@ -56,7 +56,10 @@ def parse_args(argv=None):
     p.add_argument("--chunk-tokens", type=int, default=64)
     p.add_argument("--max-num-seqs", type=int, default=16,
                    help="per replica; below samples/replica so that admission order matters")
+    p.add_argument("--no-unchunked", action="store_true",
+                   help="skip the verl_default row without chunks (the cost of continuation)")
     p.add_argument("--warm-epochs", type=int, default=1, help="epochs rolled out before the measured one")
+    p.add_argument("--repeats", type=int, default=3, help="measured runs per policy (median reported)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
@@ -154,40 +157,51 @@ def run_real(a) -> dict:
     try:
         measured = make_jobs(a, epoch=0)
         longest = max(measured, key=lambda j: j["length"])
-        floors = []
-
-        def longest_alone(tag: str) -> float:
-            """The longest sequence alone: its own decode time bounds every policy's makespan."""
-            alone = dict(longest, request_id=f"{longest['request_id']}-alone-{tag}")
-            router = make_router(manager, "verl_default", a.chunk_tokens, a.max_num_seqs, tmp)
-            return asyncio.run(rollout(make_client(config, router), [alone], a.cap))["makespan_s"]
 
         # Warm the engines (first steps compile and allocate) so the first policy is not penalised.
         asyncio.run(rollout(make_client(config, make_router(manager, "verl_default", a.chunk_tokens,
                                                             a.max_num_seqs, tmp)),
                             make_jobs(a, epoch=-99)[: 2 * a.replicas], a.cap))
-        floors.append(longest_alone("before"))
-        for policy in a.policy_list:
-            router = make_router(manager, policy, a.chunk_tokens, a.max_num_seqs, tmp)
+
+        def measure(name: str, policy: str, chunk_tokens: int) -> dict:
+            """A fresh router: warm-up epochs (predictor history), then the measured batch."""
+            router = make_router(manager, policy, chunk_tokens, a.max_num_seqs, tmp)
             client = make_client(config, router)
             for warm in range(a.warm_epochs):
                 asyncio.run(rollout(client, make_jobs(a, epoch=-1 - warm), a.cap))
                 ray.get(router.end_epoch.remote())
             run = asyncio.run(rollout(client, measured, a.cap))
             status = ray.get(router.get_status.remote())
-            wrong = [j["request_id"] for j, o in zip(measured, run["outputs"]) if len(o.token_ids) != j["length"]]
-            longest_finish_s = run["finish_s"][longest["request_id"]]
-            moved = sum(len(set(o.extra_fields["continuation_replicas"])) > 1 for o in run["outputs"])
-            results.append({
-                "policy": policy, "replicas": a.replicas, "makespan_s": round(run["makespan_s"], 3),
-                "longest_finish_s": round(longest_finish_s, 3), "moves": status["policy"]["moves"], "moved_sequences": moved,
-                "chunks": sum(o.extra_fields["continuation_chunks"] for o in run["outputs"]),
-                "wrong_lengths": len(wrong), "predictor": status["policy"].get("predictor"),
-            })
             ray.kill(router)
-        # Other load on the machine only slows a run down, so the floor is the faster of two.
-        floors.append(longest_alone("after"))
-        floor_s = min(floors)
+            outs = run["outputs"]
+            return {
+                "policy": name, "makespan_s": run["makespan_s"],
+                "longest_finish_s": run["finish_s"][longest["request_id"]], "moves": status["policy"]["moves"],
+                "moved_sequences": sum(len(set(o.extra_fields.get("continuation_replicas", ()))) > 1 for o in outs),
+                "chunks": sum(o.extra_fields.get("continuation_chunks", 1) for o in outs),
+                "wrong_lengths": sum(len(o.token_ids) != j["length"] for j, o in zip(measured, outs)),
+                "predictor": status["policy"].get("predictor"),
+            }
+
+        rows = [(policy, policy, a.chunk_tokens) for policy in a.policy_list]
+        if not a.no_unchunked:
+            rows.append(("verl_default_unchunked", "verl_default", 0))
+        runs: dict[str, list[dict]] = {name: [] for name, _, _ in rows}
+        for rep in range(a.repeats):
+            # Alternate the order so that drifting load on the machine hits every policy alike.
+            for name, policy, chunk_tokens in (rows if rep % 2 == 0 else rows[::-1]):
+                runs[name].append(measure(name, policy, chunk_tokens))
+        for name, policy, chunk_tokens in rows:
+            reps = runs[name]
+            spans = sorted(r["makespan_s"] for r in reps)
+            results.append({
+                "policy": name, "router_policy": policy, "chunk_tokens": chunk_tokens, "replicas": a.replicas,
+                "makespan_s": round(float(np.median(spans)), 3), "makespan_runs_s": [round(r["makespan_s"], 3) for r in reps],
+                "longest_finish_s": round(float(np.median([r["longest_finish_s"] for r in reps])), 3),
+                "moves": sum(r["moves"] for r in reps), "moved_sequences": sum(r["moved_sequences"] for r in reps),
+                "chunks": reps[-1]["chunks"], "wrong_lengths": sum(r["wrong_lengths"] for r in reps),
+                "predictor": reps[-1]["predictor"],
+            })
     finally:
         ray.shutdown()
     lengths = [j["length"] for j in measured]
@@ -195,15 +209,13 @@ def run_real(a) -> dict:
     base = by.get("verl_default")
     for r in results:
         r["ratio_vs_verl_default"] = round(r["makespan_s"] / base["makespan_s"], 3) if base else None
-        r["ratio_vs_floor"] = round(r["makespan_s"] / floor_s, 3)
     return {
         "setup": {
             "model": a.model, "replicas": a.replicas, "prompts": a.prompts, "samples": a.samples,
             "lengths": {"min": min(lengths), "max": max(lengths), "mean": round(float(np.mean(lengths)), 1),
                         "sum": int(sum(lengths))},
-            "floor_s": round(floor_s, 3), "floor_runs_s": [round(x, 3) for x in floors],
             "cap": a.cap, "chunk_tokens": a.chunk_tokens, "max_num_seqs": a.max_num_seqs,
-            "warm_epochs": a.warm_epochs, "seed": a.seed,
+            "warm_epochs": a.warm_epochs, "repeats": a.repeats, "seed": a.seed,
             "length_control": "vLLM logits processor rollout_ext.testing.forced_length (EOS at prompt+length); "
                               "the router sees only prompt ids and the cap",
             "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine(),
@@ -223,11 +235,10 @@ def main(argv=None) -> dict:
     a = parse_args(argv)
     out = run_real(a)
     print(json.dumps(out["setup"], indent=1))
-    print(f"floor (longest sequence alone): {out['setup']['floor_s']:.2f} s")
-    print(f"{'policy':<22} {'makespan_s':>10} {'vs_verl':>8} {'vs_floor':>8} {'moves':>6} {'chunks':>7} {'wrong_len':>9}")
+    print(f"{'policy':<24} {'makespan_s':>10} {'vs_verl':>8} {'moves':>6} {'chunks':>7} {'wrong_len':>9}  runs_s")
     for r in out["results"]:
-        print(f"{r['policy']:<22} {r['makespan_s']:>10.2f} {r['ratio_vs_verl_default'] or 0:>8.3f} "
-              f"{r['ratio_vs_floor']:>8.3f} {r['moves']:>6} {r['chunks']:>7} {r['wrong_lengths']:>9}")
+        print(f"{r['policy']:<24} {r['makespan_s']:>10.2f} {r['ratio_vs_verl_default'] or 0:>8.3f} "
+              f"{r['moves']:>6} {r['chunks']:>7} {r['wrong_lengths']:>9}  {r['makespan_runs_s']}")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
     return out

@@ -1,0 +1,40 @@
+"""bench/balance_real.py without engines: arguments and the workload it sends (lengths stay hidden from the router)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.balance_real import FIRST_PROMPT_TOKEN, make_jobs, parse_args, sampling_params  # noqa: E402
+
+
+def test_defaults_fit_the_two_core_machine():
+    a = parse_args([])
+    assert (a.replicas, a.prompts, a.samples, a.min_len, a.cap, a.chunk_tokens) == (2, 16, 4, 16, 512, 64)
+    assert a.policy_list == ["verl_default", "tail_aware"]
+    with pytest.raises(SystemExit):
+        parse_args(["--min-len", "600"])
+
+
+def test_jobs_are_group_correlated_and_stable_across_epochs():
+    a = parse_args(["--prompts", "6", "--samples", "3"])
+    now, before = make_jobs(a, 0), make_jobs(a, -1)
+    assert len(now) == 18 and len({j["request_id"] for j in now + before}) == 36
+    assert all(a.min_len <= j["length"] <= a.cap for j in now)
+    for p in range(6):
+        group = now[3 * p: 3 * p + 3]
+        assert all(j["prompt_ids"] == group[0]["prompt_ids"] for j in group)  # GRPO samples share a prompt
+        assert before[3 * p]["prompt_ids"] == group[0]["prompt_ids"]  # same prompt next epoch
+    assert min(min(j["prompt_ids"]) for j in now) >= FIRST_PROMPT_TOKEN  # never bos/eos/pad
+
+
+def test_true_length_travels_only_in_extra_args():
+    a = parse_args([])
+    job = make_jobs(a, 0)[0]
+    params = sampling_params(job, a.cap)
+    assert params["max_tokens"] == a.cap
+    assert params["extra_args"]["eos_at_total"] == len(job["prompt_ids"]) + job["length"]
