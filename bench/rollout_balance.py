@@ -31,7 +31,7 @@ from t=0, i.e. identified before they have generated anything (mean |log error| 
 predictor at dispatch is 0.72). tail_aware_oracle's gap shows what the policy still loses with
 perfect prediction.
 
---real: real vLLM replicas (not yet available).
+--real: real vLLM replicas behind the verl router (bench/balance_real.py; its own flags follow).
 
 Example:
   python bench/rollout_balance.py --sim --replicas 16,128 --json /tmp/b.json --plot /tmp/b.png
@@ -85,7 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--sim", action="store_true", help="simulated replicas")
-    mode.add_argument("--real", action="store_true", help="real vLLM replicas (not yet available)")
+    mode.add_argument("--real", action="store_true", help="real vLLM replicas (see bench/balance_real.py --help)")
     p.add_argument("--replicas", default="4,16,64,128")
     p.add_argument("--prompts", type=int, default=512)
     p.add_argument("--samples", type=int, default=16)
@@ -99,8 +99,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--plot", default=None, help="PNG: utilisation timelines; PATH with _ratio for ratio vs R")
     p.add_argument("--timeline-replicas", type=int, default=None, help="R for the timeline plot")
     a = p.parse_args(argv)
-    if a.real:
-        raise SystemExit("error: --real is not yet available; use --sim")
     a.replica_list = _int_list("--replicas", a.replicas, 1)
     _check("--prompts", a.prompts, a.prompts >= 1, "integer >= 1")
     _check("--samples", a.samples, a.samples >= 1, "integer >= 1")
@@ -339,6 +337,13 @@ def plot(out: dict, path: str, timeline_r: int | None) -> list[str]:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--real" in argv:
+        # Real replicas have their own flags; bench/ is on sys.path when this runs as a script.
+        from balance_real import main as real_main
+
+        real_main([arg for arg in argv if arg != "--real"])
+        return 0
     a = parse_args(argv)
     print(f"host: {platform.node()} {platform.machine()} python {platform.python_version()}; seed {a.seed}")
     out = run(a)

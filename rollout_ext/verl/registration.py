@@ -5,7 +5,8 @@
 - `_ROLLOUT_REGISTRY[("rollout_ext", "async")]` (verl.workers.rollout.base): the hybrid engine's
   ServerAdapter is verl's vLLM one, since our servers speak the vLLM server protocol.
 Both entries are added when verl itself imports those modules (see hooks.py), so `import verl`
-stays as fast as without the plugin.
+stays as fast as without the plugin. The same way, once verl imports its LLM server client, jobs with
+rollout.name=rollout_ext get the chunked client from `get_client()` (rollout_ext/verl/continuation.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ def register() -> None:
     _registered = True
     when_imported("verl.workers.rollout.replica", _add_replica_loader)
     when_imported("verl.workers.rollout.base", _add_server_adapter)
+    # rollout_ext jobs get the chunked client (re-dispatch at chunk boundaries, docs/router.md).
+    when_imported("verl.workers.rollout.llm_server", _use_chunked_client)
     parity.apply_when_imported()
 
 
@@ -36,6 +39,12 @@ def load_replica_class():
 
 def _add_replica_loader(module) -> None:
     module.RolloutReplicaRegistry.register(BACKEND, load_replica_class)
+
+
+def _use_chunked_client(module) -> None:
+    from rollout_ext.verl import continuation
+
+    continuation.apply()
 
 
 def _add_server_adapter(module) -> None:

@@ -59,7 +59,11 @@ def test_apply_selects_the_chunked_client_for_rollout_ext_only():
 
     from rollout_ext.verl import continuation
 
+    # verl's entry point registered rollout_ext, which applied this when verl imported llm_server.
+    assert hasattr(LLMServerManager.get_client, "__wrapped__")
+    continuation.revert()
     original = LLMServerManager.get_client
+    assert type(_manager("rollout_ext").get_client()) is LLMServerClient
     continuation.apply()
     continuation.apply()  # idempotent
     try:
@@ -71,6 +75,7 @@ def test_apply_selects_the_chunked_client_for_rollout_ext_only():
         continuation.revert()
     assert LLMServerManager.get_client is original
     assert type(_manager("rollout_ext").get_client()) is LLMServerClient
+    continuation.apply()  # leave the process as registration left it
 
 
 def test_negative_chunk_is_refused():
