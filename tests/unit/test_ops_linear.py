@@ -1,10 +1,6 @@
 """matmul_all_reduce reference and dispatch on CPU; mc2_eligible rules; vs vLLM's RowParallelLinear."""
 
-import os
 import pathlib
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -12,6 +8,7 @@ import torch.nn.functional as F
 
 from rollout_ext.ops import npu_available
 from rollout_ext.ops.linear import matmul_all_reduce, mc2_eligible
+from rollout_ext.testing.dist import run_ranks
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -62,14 +59,8 @@ def test_ops_linear_mc2_rejects_mixed_dtypes():
 
 
 def test_ops_linear_matches_vllm_row_parallel_two_ranks():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = dict(os.environ, VLLM_DIST_IDENT=f"rollout_ext_ops_{port}",
-               PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
     script = pathlib.Path(__file__).with_name("ops_scenarios") / "vllm_row_parallel.py"
-    proc = subprocess.run([sys.executable, str(script), str(port)], env=env, capture_output=True,
-                          text=True, timeout=110, cwd=REPO_ROOT)
-    output = proc.stdout + proc.stderr
+    proc = run_ranks(script, REPO_ROOT, "rollout_ext_ops", timeout_s=110)
+    output = proc.stdout
     assert proc.returncode == 0, output[-4000:]
     assert "rank 0: ok" in output and "rank 1: ok" in output

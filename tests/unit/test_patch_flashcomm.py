@@ -3,9 +3,6 @@ token-sharded layer path on 2 real CPU ranks equals vLLM's."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,9 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from packaging.version import Version
 
-from rollout_ext.config import ExtConfig, environ_copy
+from rollout_ext.config import ExtConfig
 from rollout_ext.patches import PatchError
 from rollout_ext.patches import flashcomm
+from rollout_ext.testing.dist import run_ranks
 
 vllm_linear = pytest.importorskip("vllm.model_executor.layers.linear")
 from vllm.config import VllmConfig  # noqa: E402
@@ -100,18 +98,8 @@ def test_padding_holds_every_token_with_less_than_one_row_per_rank_spare(tokens,
     assert torch.equal(padded[:tokens], x) and not padded[tokens:].any()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_sharded_layers_on_two_ranks_equal_vllm(repo_root):
     script = repo_root / "tests/unit/patch_scenarios/flashcomm_layers.py"
-    env = {**environ_copy(), "VLLM_DIST_IDENT": f"flashcomm-unit-{free_port()}", "PYTHONPATH": str(repo_root)}
-    proc = subprocess.run(
-        [sys.executable, str(script), str(free_port())], env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
-    )
+    proc = run_ranks(script, repo_root, "flashcomm-unit", timeout_s=300)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "rank 0: ok" in proc.stdout and "rank 1: ok" in proc.stdout

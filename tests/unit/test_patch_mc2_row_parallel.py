@@ -3,16 +3,14 @@ decides at run time (2 real CPU ranks, eager and torch.compile)."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
 
 import pytest
 from packaging.version import Version
 
-from rollout_ext.config import ExtConfig, environ_copy
+from rollout_ext.config import ExtConfig
 from rollout_ext.patches import PatchError
 from rollout_ext.patches import mc2_row_parallel as mc2
+from rollout_ext.testing.dist import run_ranks
 
 vllm_linear = pytest.importorskip("vllm.model_executor.layers.linear")
 from vllm.config import VllmConfig  # noqa: E402
@@ -94,18 +92,8 @@ def test_signature_guard_trips_when_layer_is_no_longer_pluggable():
         mc2.check_upstream(vllm_linear.RowParallelLinear, VllmConfig)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_dispatch_on_two_ranks_decides_at_run_time(repo_root):
     script = repo_root / "tests/unit/patch_scenarios/mc2_dispatch.py"
-    env = {**environ_copy(), "VLLM_DIST_IDENT": f"mc2-unit-{free_port()}", "PYTHONPATH": str(repo_root)}
-    proc = subprocess.run(
-        [sys.executable, str(script), str(free_port())], env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240,
-    )
+    proc = run_ranks(script, repo_root, "mc2-unit", timeout_s=240)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "rank 0: ok" in proc.stdout and "rank 1: ok" in proc.stdout

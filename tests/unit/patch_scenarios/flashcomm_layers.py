@@ -13,6 +13,8 @@ import sys
 import torch
 import torch.multiprocessing as mp
 
+from rollout_ext.testing.dist import vllm_tp_group
+
 WORLD_SIZE = 2
 HIDDEN, INTERMEDIATE = 48, 80
 
@@ -57,18 +59,12 @@ class Block(torch.nn.Module):
 
 
 def worker(rank: int, port: int) -> None:
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed import get_tp_group, parallel_state
+    from vllm.distributed import get_tp_group
 
     from rollout_ext.config import ExtConfig
     from rollout_ext.patches import flashcomm
 
-    with set_current_vllm_config(VllmConfig()):
-        parallel_state.init_distributed_environment(
-            world_size=WORLD_SIZE, rank=rank, distributed_init_method=f"tcp://127.0.0.1:{port}",
-            local_rank=rank, backend="gloo",
-        )
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=WORLD_SIZE)
+    with vllm_tp_group(rank, port, WORLD_SIZE):
         try:
             gen = torch.Generator().manual_seed(0)
             block = Block(rank, gen)
@@ -100,8 +96,6 @@ def worker(rank: int, port: int) -> None:
             print(f"rank {rank}: ok")
         finally:
             flashcomm.revert()
-            parallel_state.destroy_model_parallel()
-            parallel_state.destroy_distributed_environment()
 
 
 if __name__ == "__main__":

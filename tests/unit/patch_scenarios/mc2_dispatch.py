@@ -12,6 +12,8 @@ import sys
 
 import torch
 import torch.multiprocessing as mp
+
+from rollout_ext.testing.dist import vllm_tp_group
 import torch.nn.functional as F
 
 WORLD_SIZE = 2
@@ -37,19 +39,12 @@ def build(rank, in_features, out_features, dtype, gen, keep_weight):
 
 
 def worker(rank: int, port: int) -> None:
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed import parallel_state
     from vllm.model_executor.layers.linear import RowParallelLinear
 
     from rollout_ext.config import ExtConfig
     from rollout_ext.patches import mc2_row_parallel as mc2
 
-    with set_current_vllm_config(VllmConfig()):
-        parallel_state.init_distributed_environment(
-            world_size=WORLD_SIZE, rank=rank, distributed_init_method=f"tcp://127.0.0.1:{port}",
-            local_rank=rank, backend="gloo",
-        )
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=WORLD_SIZE)
+    with vllm_tp_group(rank, port, WORLD_SIZE):
         try:
             mc2.apply(ExtConfig(mc2=True, mc2_min_tokens=MIN_TOKENS))
             gen = torch.Generator().manual_seed(0)
@@ -83,8 +78,6 @@ def worker(rank: int, port: int) -> None:
             print(f"rank {rank}: ok")
         finally:
             mc2.revert()
-            parallel_state.destroy_model_parallel()
-            parallel_state.destroy_distributed_environment()
 
 
 if __name__ == "__main__":
