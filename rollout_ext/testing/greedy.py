@@ -52,9 +52,8 @@ class GreedyResult:
 def child_env(env: dict[str, str], tp: int) -> dict[str, str]:
     """This process's environment without plugin switches, plus `env` (the run's whole config)."""
     base = {k: v for k, v in environ_copy().items() if not k.startswith(PREFIX) and k != "VLLM_PLUGINS"}
-    base.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1" if tp == 2 else "auto")
-    if tp == 2:
-        base["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
+    # TP=2 on CPU needs one core per rank; otherwise keep the caller's binding.
+    base["VLLM_CPU_OMP_THREADS_BIND"] = "0|1" if tp == 2 else base.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
     base["PYTHONUNBUFFERED"] = "1"
     base.update(env)
     return base

@@ -39,6 +39,7 @@ from verl.utils import normalize_token_ids
 from verl.workers.rollout.llm_server import LLMServerClient, LLMServerManager
 from verl.workers.rollout.replica import TokenOutput
 
+from rollout_ext.patches._base import Swaps
 from rollout_ext.verl.names import BACKEND
 
 logger = logging.getLogger("rollout_ext")
@@ -163,13 +164,12 @@ def _model_eos_ids(config, tokenizer) -> set[int]:
 
 
 # ---- selection: get_client() without a class gives rollout_ext jobs the chunked client ---------------
-_original_get_client = None
+_swaps = Swaps("chunked_client")
 
 
 def apply() -> None:
     """Idempotent. Explicit client classes (e.g. FullyAsyncLLMServerClient) are left alone."""
-    global _original_get_client
-    if _original_get_client is not None:
+    if _swaps.applied:
         return
     original = LLMServerManager.get_client
 
@@ -179,13 +179,8 @@ def apply() -> None:
             client_cls = ChunkedLLMServerClient
         return original(self, client_cls=client_cls, **kwargs)
 
-    LLMServerManager.get_client = get_client
-    _original_get_client = original
+    _swaps.replace(LLMServerManager, "get_client", get_client)
 
 
 def revert() -> None:
-    global _original_get_client
-    if _original_get_client is None:
-        return
-    LLMServerManager.get_client = _original_get_client
-    _original_get_client = None
+    _swaps.revert()

@@ -1,14 +1,8 @@
 """Fused matmul+all-reduce under the emulation: 2 gloo ranks, bias on rank 0, hcom per group."""
 
-import socket
-
 from contract_emulation import run_scenario
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from rollout_ext.testing.dist import free_port
 
 
 def test_contract_mm_all_reduce_two_ranks_two_groups():

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import functools
 
+from rollout_ext.patches._base import Swaps
 from rollout_ext.verl.parity._guard import check_target, named_as_vllm
 
 TARGET = "verl.checkpoint_engine.base"
-_original = None
+_swaps = Swaps("checkpoint_delta")
 
 
 def apply() -> None:
-    global _original
-    if _original is not None:
+    if _swaps.applied:
         return
     from verl.checkpoint_engine.base import CheckpointEngineWorker
 
@@ -33,15 +33,8 @@ def apply() -> None:
         with named_as_vllm(rollout_config):
             return original(self, rollout_config, *args, **kwargs)
 
-    CheckpointEngineWorker.__init__ = __init__
-    _original = original
+    _swaps.replace(CheckpointEngineWorker, "__init__", __init__)
 
 
 def revert() -> None:
-    global _original
-    if _original is None:
-        return
-    from verl.checkpoint_engine.base import CheckpointEngineWorker
-
-    CheckpointEngineWorker.__init__ = _original
-    _original = None
+    _swaps.revert()

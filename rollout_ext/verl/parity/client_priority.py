@@ -11,16 +11,16 @@ from __future__ import annotations
 import copy
 import functools
 
+from rollout_ext.patches._base import Swaps
 from rollout_ext.verl.names import BACKEND, VLLM_BACKEND
 from rollout_ext.verl.parity._guard import check_target, set_name
 
 TARGET = "verl.workers.rollout.llm_server"
-_original = None
+_swaps = Swaps("client_priority")
 
 
 def apply() -> None:
-    global _original
-    if _original is not None:
+    if _swaps.applied:
         return
     from verl.workers.rollout.llm_server import LLMServerClient
 
@@ -36,18 +36,11 @@ def apply() -> None:
             set_name(_rollout_of(view), VLLM_BACKEND)
             self.config = view
 
-    LLMServerClient.__init__ = __init__
-    _original = original
+    _swaps.replace(LLMServerClient, "__init__", __init__)
 
 
 def revert() -> None:
-    global _original
-    if _original is None:
-        return
-    from verl.workers.rollout.llm_server import LLMServerClient
-
-    LLMServerClient.__init__ = _original
-    _original = None
+    _swaps.revert()
 
 
 def _rollout_of(config):

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import functools
 
+from rollout_ext.patches._base import Swaps
 from rollout_ext.verl.parity._guard import check_target, named_as_vllm
 
 TARGET = "verl.utils.config"
-_original = None
+_swaps = Swaps("lora_rank_check")
 
 
 def apply() -> None:
-    global _original
-    if _original is not None:
+    if _swaps.applied:
         return
     import verl.utils.config as module
 
@@ -29,15 +29,8 @@ def apply() -> None:
         with named_as_vllm(config.actor_rollout_ref.rollout):
             return original(config, *args, **kwargs)
 
-    module.validate_config = validate_config
-    _original = original
+    _swaps.replace(module, "validate_config", validate_config)
 
 
 def revert() -> None:
-    global _original
-    if _original is None:
-        return
-    import verl.utils.config as module
-
-    module.validate_config = _original
-    _original = None
+    _swaps.revert()

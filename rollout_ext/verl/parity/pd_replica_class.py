@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import functools
 
+from rollout_ext.patches._base import Swaps
 from rollout_ext.verl.names import BACKEND
 from rollout_ext.verl.parity._guard import check_target
 
 TARGET = "verl.workers.rollout.replica"
-_original = None
+_swaps = Swaps("pd_replica_class")
 
 
 def apply() -> None:
-    global _original
-    if _original is not None:
+    if _swaps.applied:
         return
     import verl.workers.rollout.replica as module
 
@@ -33,15 +33,8 @@ def apply() -> None:
             return RolloutExtPDReplica
         return original(rollout, disaggregation_enabled)
 
-    module.get_rollout_replica_class = get_rollout_replica_class
-    _original = original
+    _swaps.replace(module, "get_rollout_replica_class", get_rollout_replica_class)
 
 
 def revert() -> None:
-    global _original
-    if _original is None:
-        return
-    import verl.workers.rollout.replica as module
-
-    module.get_rollout_replica_class = _original
-    _original = None
+    _swaps.revert()

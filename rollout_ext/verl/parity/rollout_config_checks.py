@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import functools
 
+from rollout_ext.patches._base import Swaps
 from rollout_ext.verl.parity._guard import check_target, named_as_vllm
 
 TARGET = "verl.workers.config.rollout"
-_original = None
+_swaps = Swaps("rollout_config_checks")
 
 
 def apply() -> None:
-    global _original
-    if _original is not None:
+    if _swaps.applied:
         return
     from verl.workers.config.rollout import RolloutConfig
 
@@ -29,15 +29,8 @@ def apply() -> None:
         with named_as_vllm(self):
             original(self)
 
-    RolloutConfig.__post_init__ = __post_init__
-    _original = original
+    _swaps.replace(RolloutConfig, "__post_init__", __post_init__)
 
 
 def revert() -> None:
-    global _original
-    if _original is None:
-        return
-    from verl.workers.config.rollout import RolloutConfig
-
-    RolloutConfig.__post_init__ = _original
-    _original = None
+    _swaps.revert()
