@@ -168,3 +168,24 @@ def test_moves_off_the_critical_path_are_refused():
     a = simulate(w, free, 3, model=SMALL_MODEL, chunk_tokens=64)
     b = simulate(w, strict, 3, model=SMALL_MODEL, chunk_tokens=64)
     assert b.moves <= a.moves
+
+
+@pytest.mark.parametrize("factor, order", [(0.0, ["a", "long", "mid", "short"]),
+                                           (1.0, ["a", "short", "mid", "long"])])
+def test_tail_aware_mixes_in_the_shortest_once_predicted_kv_is_full(factor, order):
+    from rollout_ext.balance.request import Request
+
+    true = {"a": 9000, "long": 5000, "mid": 500, "short": 10}
+    policy = TailAwarePolicy(predictor=OraclePredictor(true), config=TailAwareConfig(mix_kv_factor=factor),
+                             model=StepModel(max_num_seqs=4, kv_capacity_tokens=10_000))
+    policy.add_replica("r")
+    for rid in true:
+        policy.submit(Request(rid, rid, 0, 10, 10_000))
+        assert policy.acquire(rid, 0) is None
+    assert [rid for rid, _ in policy.take_ready()] == order
+    assert policy.waiting() == 0
+
+
+def test_tail_aware_config_rejects_negative_mix_factor():
+    with pytest.raises(ValueError, match="mix_kv_factor"):
+        TailAwareConfig(mix_kv_factor=-1.0)
