@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -74,6 +75,37 @@ def check(ratios: dict, margin: float) -> bool:
             and ta <= ratios["tail_aware_placement"] + 1e-9)
 
 
+def summarize(rows: list[dict]) -> dict:
+    """Per R: geometric-mean ratio of tail_aware to each other policy, and how often it is lower.
+
+    One cell is one workload, so single cells are noisy (a different seed moves a ratio by a
+    few percent); the paired mean over cells is the steadier view."""
+    out = {}
+    for replicas in sorted({r["replicas"] for r in rows}):
+        cells = [r["ratios"] for r in rows if r["replicas"] == replicas]
+        entry = {"cells": len(cells)}
+        for other in CHECKED[:-1]:
+            logs = [math.log(c["tail_aware"] / c[other]) for c in cells]
+            entry[other] = {"geo_mean": round(math.exp(sum(logs) / len(logs)), 4),
+                            "lower": sum(c["tail_aware"] < c[other] for c in cells),
+                            "not_higher": sum(c["tail_aware"] <= c[other] + 1e-9 for c in cells)}
+        out[str(replicas)] = entry
+    return out
+
+
+def summary_lines(summary: dict) -> list[str]:
+    lines = [f"{'R':>4} {'cells':>5}  " + "  ".join(f"{'vs ' + n:>28}" for n in CHECKED[:-1])]
+    for replicas, entry in summary.items():
+        parts = []
+        for other in CHECKED[:-1]:
+            e = entry[other]
+            count = e["not_higher"] if other == "tail_aware_placement" else e["lower"]
+            rel = "<=" if other == "tail_aware_placement" else "<"
+            parts.append(f"{e['geo_mean']:>8.3f} ({rel} in {count}/{entry['cells']})".rjust(28))
+        lines.append(f"{replicas:>4} {entry['cells']:>5}  " + "  ".join(parts))
+    return lines
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
     model = StepModel()
@@ -100,14 +132,18 @@ def main(argv=None) -> int:
         print(f"{replicas:>4} {icc:>5} {cap:>6} {seed:>4}  " + " ".join(f"{ratios[n]:>12.3f}" for n in CHECKED)
               + f"  {'PASS' if ok else 'FAIL'}", flush=True)
     passed = sum(r["pass"] for r in rows)
+    summary = summarize(rows)
+    print("\nper R, paired over cells: geometric mean of tail_aware / baseline (< 1: tail_aware faster)")
+    for line in summary_lines(summary):
+        print(line)
     print(f"\n{passed}/{len(rows)} cells pass ({time.perf_counter() - started:.0f} s)")
     for r in rows:
         if not r["pass"]:
             print(f"  FAIL R={r['replicas']} icc={r['icc']} cap={r['cap_tokens']} seed={r['seed']}: {r['ratios']}")
     if a.json:
         setup = {k: v for k, v in vars(a).items() if not k.endswith("_list")}
-        Path(a.json).write_text(json.dumps({"setup": setup, "rows": rows, "passed": passed, "cells": len(rows)},
-                                           indent=2))
+        Path(a.json).write_text(json.dumps({"setup": setup, "rows": rows, "summary": summary, "passed": passed,
+                                            "cells": len(rows)}, indent=2))
         print("json:", a.json)
     return 0 if passed == len(rows) else 1
 
