@@ -57,7 +57,7 @@ def parse_args(argv=None):
     p.add_argument("--max-num-seqs", type=int, default=16,
                    help="per replica; below samples/replica so that admission order matters")
     p.add_argument("--no-unchunked", action="store_true",
-                   help="skip the verl_default row without chunks (the cost of continuation)")
+                   help="skip the rows without chunks (verl_default and tail_aware on whole sequences)")
     p.add_argument("--warm-epochs", type=int, default=1, help="epochs rolled out before the measured one")
     p.add_argument("--repeats", type=int, default=3, help="measured runs per policy (median reported)")
     p.add_argument("--seed", type=int, default=0)
@@ -185,7 +185,10 @@ def run_real(a) -> dict:
 
         rows = [(policy, policy, a.chunk_tokens) for policy in a.policy_list]
         if not a.no_unchunked:
+            # Whole sequences, no continuation: what chunking costs, and placement order alone.
             rows.append(("verl_default_unchunked", "verl_default", 0))
+            if "tail_aware" in a.policy_list:
+                rows.append(("tail_aware_unchunked", "tail_aware", 0))
         runs: dict[str, list[dict]] = {name: [] for name, _, _ in rows}
         for rep in range(a.repeats):
             # Alternate the order so that drifting load on the machine hits every policy alike.
