@@ -174,10 +174,13 @@ class TailAwarePolicy(CentralQueuePolicy):
         while self._short:
             _, tiebreak, rid = heapq.heappop(self._short)
             if self._queued.get(rid) == tiebreak:
-                del self._queued[rid]
-                self._queued_tokens -= self._queued_pred.pop(rid, 0.0)
+                self._dequeue(rid)
                 return rid
         return None
+
+    def _dequeue(self, request_id: str) -> None:
+        del self._queued[request_id]
+        self._queued_tokens -= self._queued_pred.pop(request_id, 0.0)
 
     def _on_release(self, request_id: str, replica_id: str, finished: bool) -> None:
         if not self._queued:
@@ -314,8 +317,7 @@ class TailAwarePolicy(CentralQueuePolicy):
     def _pop_head(self) -> None:
         _, tiebreak, rid = heapq.heappop(self._queue)
         if self._queued.get(rid) == tiebreak:
-            del self._queued[rid]
-            self._queued_tokens -= self._queued_pred.pop(rid, 0.0)
+            self._dequeue(rid)
 
     # ---- re-dispatch ----------------------------------------------------------------------
     def _continue(self, request_id: str, home: str) -> str | None:
