@@ -252,11 +252,14 @@ class CentralQueuePolicy(Policy):
             if self._queued.get(rid) != tiebreak:
                 continue
             del self._queued[rid]
-            replica = self._pick(rid, free)
-            self._place(rid, replica)
-            self._ready.append((rid, replica))
-            if len(self.replicas[replica]) >= self.slots_per_replica:
-                free.remove(replica)
+            self._assign(rid, self._pick(rid, free), free)
+
+    def _assign(self, request_id: str, replica_id: str, free: list[str]) -> None:
+        """Place a parked request; a replica whose slots are now full leaves `free`."""
+        self._place(request_id, replica_id)
+        self._ready.append((request_id, replica_id))
+        if len(self.replicas[replica_id]) >= self.slots_per_replica:
+            free.remove(replica_id)
 
     def _pick(self, request_id: str, free: list[str]) -> str:
         return min(free, key=self.load_tokens.__getitem__)

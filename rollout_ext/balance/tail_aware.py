@@ -266,11 +266,8 @@ class TailAwarePolicy(CentralQueuePolicy):
                     and alone_s < 0.5 * target and self.where):
                 break  # every free replica would finish later than the predicted makespan
             self._pop_head()
-            self._place(rid, replica)
-            self._ready.append((rid, replica))
+            self._assign(rid, replica, free)
             target = max(target, finishes[replica])
-            if len(self.replicas[replica]) >= self.slots_per_replica:
-                free.remove(replica)
 
     def _pump_lpt(self, free: list[str]) -> None:
         """Longest predicted first onto the free replica with the least predicted load."""
@@ -280,25 +277,19 @@ class TailAwarePolicy(CentralQueuePolicy):
                 self._pop_head()
                 continue
             replica = min(free, key=self.load_tokens.__getitem__)
+            # Predicted load after placing the head: the KV the replica would hold if its
+            # sequences all ran to their predicted ends.
+            load = self.load_tokens[replica] + self.requests[rid].prompt_len + self._queued_pred[rid]
             mix = self.config.mix_kv_factor
-            if mix > 0 and self.replicas[replica]:
-                need = self.requests[rid].prompt_len + self._queued_pred[rid]
-                if self.load_tokens[replica] + need > mix * self.model.kv_capacity_tokens:
-                    short = self._pop_short()
-                    if short is not None:
-                        self._place(short, replica)
-                        self._ready.append((short, replica))
-                        if len(self.replicas[replica]) >= self.slots_per_replica:
-                            free.remove(replica)
-                        continue
+            if mix > 0 and self.replicas[replica] and load > mix * self.model.kv_capacity_tokens:
+                short = self._pop_short()
+                if short is not None:
+                    self._assign(short, replica, free)
+                    continue
             if self.config.kv_load_factor > 0 and self.replicas[replica]:
-                # Predicted load = KV the replica will hold if its sequences all ran to their
-                # predicted ends; beyond capacity vLLM preempts and recomputes, which stalls
-                # the whole batch. Waiting for a release is cheaper.
-                req = self.requests[rid]
-                need = req.prompt_len + self._queued_pred[rid]
-                budget = self.config.kv_load_factor * self.model.kv_capacity_tokens
-                if self.load_tokens[replica] + need > budget:
+                # Beyond capacity vLLM preempts and recomputes, which stalls the whole batch.
+                # Waiting for a release is cheaper.
+                if load > self.config.kv_load_factor * self.model.kv_capacity_tokens:
                     break
             if self.config.kv_resident_factor > 0 and self.replicas[replica]:
                 # Late binding: a sequence bound to a replica whose KV is full only waits in
@@ -309,10 +300,7 @@ class TailAwarePolicy(CentralQueuePolicy):
                     free.remove(replica)
                     continue
             self._pop_head()
-            self._place(rid, replica)
-            self._ready.append((rid, replica))
-            if len(self.replicas[replica]) >= self.slots_per_replica:
-                free.remove(replica)
+            self._assign(rid, replica, free)
 
     def _pop_head(self) -> None:
         _, tiebreak, rid = heapq.heappop(self._queue)

@@ -3,19 +3,16 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[2]
 
 
-def _sweep(*args):
-    return subprocess.run([sys.executable, str(REPO / "bench" / "balance_sweep.py"), *args],
+def _sweep(repo_root, *args):
+    return subprocess.run([sys.executable, str(repo_root / "bench" / "balance_sweep.py"), *args],
                           capture_output=True, text=True, timeout=300)
 
 
-def test_sweep_summary_counts_match_the_rows(tmp_path):
+def test_sweep_summary_counts_match_the_rows(repo_root, tmp_path):
     out = tmp_path / "sweep.json"
-    proc = _sweep("--prompts", "6", "--samples", "4", "--replicas", "2,3", "--iccs", "0.3,0.8",
+    proc = _sweep(repo_root, "--prompts", "6", "--samples", "4", "--replicas", "2,3", "--iccs", "0.3,0.8",
                   "--caps", "8192", "--json", str(out))
     assert proc.returncode in (0, 1), proc.stderr
     data = json.loads(out.read_text())
@@ -30,7 +27,7 @@ def test_sweep_summary_counts_match_the_rows(tmp_path):
     assert proc.returncode == (0 if data["passed"] == data["cells"] else 1)
 
 
-def test_sweep_rejects_a_bad_list():
-    proc = _sweep("--iccs", "0.3,high")
+def test_sweep_rejects_a_bad_list(repo_root):
+    proc = _sweep(repo_root, "--iccs", "0.3,high")
     assert proc.returncode != 0
     assert "--iccs='0.3,high'" in proc.stderr

@@ -3,7 +3,6 @@ token-sharded layer path on 2 real CPU ranks equals vLLM's."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from hypothesis import given

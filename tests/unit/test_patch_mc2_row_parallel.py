@@ -3,7 +3,6 @@ decides at run time (2 real CPU ranks, eager and torch.compile)."""
 
 from __future__ import annotations
 
-
 import pytest
 from packaging.version import Version
 

@@ -12,9 +12,9 @@ import sys
 
 import torch
 import torch.multiprocessing as mp
+import torch.nn.functional as F
 
 from rollout_ext.testing.dist import vllm_tp_group
-import torch.nn.functional as F
 
 WORLD_SIZE = 2
 MIN_TOKENS = 4
