@@ -155,6 +155,10 @@ class LengthPredictor:
             _trim(self._at_dispatch, self.config.max_groups * 16)
         return expected_total - g
 
+    def icc(self) -> float:
+        """Share of log-length variance the prompt explains, as last fitted (how much siblings tell)."""
+        return self.sd_a**2 / (self.sd_a**2 + self.sd_e**2)
+
     def calibration(self) -> dict:
         n, abs_err, err, prior_err = self._calib
         if n == 0:
@@ -279,6 +283,9 @@ class OraclePredictor:
 
     def remaining_tokens(self, request: Request, generated_tokens: int) -> float:
         return float(max(0, self._true[request.request_id] - generated_tokens))
+
+    def icc(self) -> float:
+        return 1.0
 
     def calibration(self) -> dict:
         return {"oracle": True}

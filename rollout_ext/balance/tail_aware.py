@@ -23,6 +23,15 @@ tail_aware with move_margin 0.05, factor 0 -> 1): default workload R=16 1.667 ->
 cap 12K 1.171 -> 1.127. It costs where the cap is far above the mean (long ones start later):
 R=8 ICC 0.3 cap 32K 1.404 -> 1.466.
 
+When mixing is on (`mix_min_icc`, `mix_max_crit`): the filler must really be short, and the long
+ones it delays must have slack. So mixing is on only if the predictor's fitted ICC (how much the
+prompt explains, `predictor.icc()`) is at least `mix_min_icc`, or a cap-length sequence alone
+(cap x tau_1) takes at most `mix_max_crit` of the batch's predicted work time (throughput-bound:
+many waves per replica). With a low ICC the "shortest predicted" request is often long, and
+putting it ahead of the head delays the head twice. Measured on 512x16 (TA = tail_aware,
+mixing always on -> gated): R=8 ICC 0.3 cap 24K 1.337 -> 1.311, cap 32K 1.432 -> 1.380; R=16 ICC
+0.3 cap 24K 1.723 -> 1.651; R=4 ICC 0.3 cap 24K keeps mixing (1.162; without it 1.195).
+
 Predicted finish time of a replica (used by re-dispatch, and by `placement="finish"`), from the
 step model and the in-flight requests' predicted remaining tokens r_i and contexts c_i
 (assuming all start now and nothing is added):
@@ -52,14 +61,24 @@ the replica that minimises the pair's predicted makespan, only if the gain beats
 of prompt + generated tokens plus a margin, and at most `max_moves_per_request` times. Its
 remaining length is re-predicted there, conditioned on having survived g tokens, which is how
 stragglers are identified. `critical_share` (off by default; mixed results) restricts moves to
-sequences whose home replica is predicted to finish near the latest one. `move_margin`
-trades gain for safety; 0.1 suppresses all moves. The default 0.03 was chosen on 32 workloads
-not used for tuning before (512x16, ICC 0.3/0.8, cap 16K/24K/32K, seeds 100-107, R = 8, 16, 32,
-64): cells where tail_aware beat round_robin and verl_default and was not above placement-only
-were 23/32 with 0.03, 16/32 with 0.05 and 20/32 with 0.04 (by R, 0.03: 6/8, 7/8, 4/8, 6/8).
-R=32 is the weak spot: there moves were above placement-only in 3 of 8 cells. The risk: with
-true lengths, moves made R=128 worse (1.110 -> 1.19), because F compares stale remaining
-lengths (see above).
+sequences whose home replica is predicted to finish near the latest one.
+
+A move is judged with the sequence's predicted remaining length times `move_rem_factor` (default
+1.5, capped at what max_tokens leaves). The gain of a move is convex in the remaining length r:
+the longest sequence sets a replica's step count (the max in F) and KV reads grow with r^2. So
+the gain at the mean r understates the mean gain (Jensen). For a survivor the predictor's
+sqrt(E[r^2]) / E[r] is 1.5-1.65 below 4K generated tokens and falls to 1.0 near the cap
+(measured: ICC 0.3, cap 24K); the predicted means are unbiased (true / predicted mean remaining
+0.96-1.07 at g = 1K..16K). Measured on 512x16 (cells where tail_aware beat round_robin and
+verl_default and was not above placement-only, factor 1.0 -> 1.5): seeds 100-107 at R = 8, 16,
+32, 64: 26/32 -> 31/32; fresh workloads (ICC 0.45/0.65, cap 12K/20K/28K, seeds 300-307) at R=24:
+4/8 -> 8/8, R=12: 6/8 -> 7/8. On R=32 the geometric mean over round_robin was 0.963 / 0.953 /
+0.952 for factors 1.25 / 1.5 / 2.0. Judging each move at the predicted sqrt(E[r^2]) instead
+(per sequence) was worse (R=32: 7/8, 0.969; R=24: 7/8, 0.965 against 8/8, 0.953 / 0.958).
+`move_margin` trades gain for safety. Its default 0.03 was chosen (with factor 1.0, before the
+mixing gate) on the seeds 100-107 set above: 23/32 cells passed with 0.03, 20/32 with 0.04 and
+16/32 with 0.05; 0.1 suppressed all moves. The risk: with true lengths, moves made R=128 worse
+(1.110 -> 1.19 with factor 1.0), because F compares stale remaining lengths (see above).
 """
 
 from __future__ import annotations
@@ -85,15 +104,21 @@ class TailAwareConfig:
     kv_resident_factor: float = 0.0  # place only while resident KV estimate <= this x capacity (0: off)
     critical_share: float = 0.0  # (0: off) move only if staying would finish within this share of the latest replica
     mix_kv_factor: float = 1.0  # (0: off) past this x KV capacity of predicted load, place the shortest instead
+    move_rem_factor: float = 1.5  # a move is judged with the predicted remaining length x this
+    mix_min_icc: float = 0.5  # mix only if the predictor's ICC is at least this ...
+    mix_max_crit: float = 0.25  # ... or a cap-length sequence takes at most this share of the work time
 
     def __post_init__(self) -> None:
         if self.placement not in ("lpt", "finish"):
             raise ValueError(f"TailAwareConfig.placement={self.placement!r}; allowed: 'lpt', 'finish'")
-        for name in ("kv_load_factor", "kv_resident_factor", "critical_share", "mix_kv_factor"):
+        for name in ("kv_load_factor", "kv_resident_factor", "critical_share", "mix_kv_factor", "mix_min_icc",
+                     "mix_max_crit"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TailAwareConfig.{name}={getattr(self, name)!r}; allowed: >= 0 (0: off)")
         if self.target_slack < 0 or self.move_margin < 0 or self.max_moves_per_request < 0:
             raise ValueError("TailAwareConfig: target_slack, move_margin, max_moves_per_request must be >= 0")
+        if self.move_rem_factor <= 0:
+            raise ValueError(f"TailAwareConfig.move_rem_factor={self.move_rem_factor!r}; allowed: > 0 (1: the mean)")
 
 
 class _Agg:
@@ -136,6 +161,8 @@ class TailAwarePolicy(CentralQueuePolicy):
         self._resident: dict[str, float] = {}  # replica -> prompt + generated of its in-flight requests
         self._chunk_guess = 2048.0  # tokens a request may have generated since its last boundary
         self._short: list[tuple[float, int, str]] = []  # (priority, tiebreak, request id): the short end
+        self._max_tokens = 0
+        self._batch_work_s = 0.0
 
     # ---- membership and intake ------------------------------------------------------------
     def add_replica(self, replica_id: str) -> None:
@@ -155,6 +182,7 @@ class TailAwarePolicy(CentralQueuePolicy):
             self._probe.add(request.request_id)
         members.append(request.request_id)
         self._prompt_tokens_sum += request.prompt_len
+        self._max_tokens = max(self._max_tokens, request.max_tokens)
 
     # ---- queue ----------------------------------------------------------------------------
     def _priority(self, request_id: str) -> float:
@@ -231,15 +259,34 @@ class TailAwarePolicy(CentralQueuePolicy):
         if rem >= agg.max_rem:
             agg.dirty = True
 
-    def _target_s(self) -> float:
-        """Predicted makespan: the latest replica finish, or all predicted work at saturation."""
-        latest = max((self._finish_s(a) for a in self._agg.values()), default=0.0)
+    def _work_s(self) -> float:
+        """All predicted remaining work (in flight and queued) at saturated throughput."""
         in_flight = sum(a.sum_rem for a in self._agg.values())
         n = max(1, len(self.requests))
         mean_pred = (in_flight + self._queued_tokens) / max(1, len(self.where) + len(self._queued))
         ctx = self._prompt_tokens_sum / n + 1.5 * mean_pred  # rough token-weighted context
         x_sat = self.model.saturated_tokens_per_s(ctx)
-        return max(latest, (in_flight + self._queued_tokens) / (max(1, len(self.replicas)) * x_sat))
+        return (in_flight + self._queued_tokens) / (max(1, len(self.replicas)) * x_sat)
+
+    def _target_s(self) -> float:
+        """Predicted makespan: the latest replica finish, or all predicted work at saturation."""
+        latest = max((self._finish_s(a) for a in self._agg.values()), default=0.0)
+        return max(latest, self._work_s())
+
+    def _mixing(self) -> bool:
+        """Whether KV mixing may send a short request ahead of the head (see the module doc)."""
+        cfg = self.config
+        if cfg.mix_kv_factor <= 0:
+            return False
+        if self.predictor is not None and self.predictor.icc() >= cfg.mix_min_icc:
+            return True
+        # The regime is set by the batch's work, not by what is left of it (late in a batch
+        # every cap-length sequence is critical anyway): the largest work seen since idle.
+        if not self.where:
+            self._batch_work_s = 0.0
+        self._batch_work_s = max(self._batch_work_s, self._work_s())
+        crit_s = self._max_tokens * self.model.step_s(1, 0)
+        return crit_s <= cfg.mix_max_crit * self._batch_work_s
 
     # ---- placement ------------------------------------------------------------------------
     def _pump(self) -> None:
@@ -271,6 +318,7 @@ class TailAwarePolicy(CentralQueuePolicy):
 
     def _pump_lpt(self, free: list[str]) -> None:
         """Longest predicted first onto the free replica with the least predicted load."""
+        mixing = self._mixing()
         while self._queue and free:
             _, tiebreak, rid = self._queue[0]
             if self._queued.get(rid) != tiebreak:
@@ -280,8 +328,7 @@ class TailAwarePolicy(CentralQueuePolicy):
             # Predicted load after placing the head: the KV the replica would hold if its
             # sequences all ran to their predicted ends.
             load = self.load_tokens[replica] + self.requests[rid].prompt_len + self._queued_pred[rid]
-            mix = self.config.mix_kv_factor
-            if mix > 0 and self.replicas[replica] and load > mix * self.model.kv_capacity_tokens:
+            if mixing and self.replicas[replica] and load > self.config.mix_kv_factor * self.model.kv_capacity_tokens:
                 short = self._pop_short()
                 if short is not None:
                     self._assign(short, replica, free)
@@ -317,6 +364,9 @@ class TailAwarePolicy(CentralQueuePolicy):
         req = self.requests[request_id]
         ctx = req.prompt_len + self.generated[request_id]
         rem = self.remaining(request_id)
+        # The gain of a move is convex in r (the longest sequence sets a replica's step count, KV
+        # reads grow with r^2), so judging it at the mean r understates it.
+        rem = min(float(req.max_tokens - self.generated[request_id]), cfg.move_rem_factor * rem)
         w = self._w(rem, ctx)
         stay = self._finish_s(self._agg[home], rem, w)
         if cfg.critical_share > 0:

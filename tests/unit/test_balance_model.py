@@ -99,3 +99,12 @@ def test_calibration_reports_after_finishes():
         p.observe(r, int(n), True)
     cal = p.calibration()
     assert cal["finished"] == len(w) and cal["mean_abs_log_error"] >= 0
+
+
+@pytest.mark.parametrize("icc", [0.3, 0.8])
+def test_fitted_icc_tracks_the_workload(icc):
+    """The mixing gate reads it: after one epoch the fit is within 0.1 of the workload's ICC."""
+    p = LengthPredictor()
+    assert p.icc() == pytest.approx(0.5)  # the cold-start prior
+    warm_history(p, make_workload(WorkloadConfig(prompts=256, samples=16, icc=icc, seed=5), epoch=-1))
+    assert abs(p.icc() - icc) < 0.1

@@ -186,6 +186,40 @@ def test_tail_aware_mixes_in_the_shortest_once_predicted_kv_is_full(factor, orde
     assert policy.waiting() == 0
 
 
+class _WeakSiblings(OraclePredictor):
+    """True lengths, but reports that siblings explain little of the length (a low ICC)."""
+
+    def icc(self) -> float:
+        return 0.2
+
+
+@pytest.mark.parametrize("predictor, max_crit, mixes", [(OraclePredictor, 0.25, True),
+                                                        (_WeakSiblings, 0.25, False),
+                                                        (_WeakSiblings, 1.0, True)])
+def test_tail_aware_mixes_only_with_informative_siblings_or_slack(predictor, max_crit, mixes):
+    """Low ICC and a cap-length sequence that is a large share of the batch's work: no mixing."""
+    from rollout_ext.balance.request import Request
+
+    true = {"a": 9000, "long": 5000, "mid": 500, "short": 10}
+    cfg = TailAwareConfig(mix_kv_factor=1.0, mix_max_crit=max_crit)
+    policy = TailAwarePolicy(predictor=predictor(true), config=cfg,
+                             model=StepModel(max_num_seqs=4, kv_capacity_tokens=10_000))
+    policy.add_replica("r")
+    for rid in true:
+        policy.submit(Request(rid, rid, 0, 10, 10_000))
+        policy.acquire(rid, 0)
+    order = [rid for rid, _ in policy.take_ready()]
+    assert order == (["a", "short", "mid", "long"] if mixes else ["a", "long", "mid", "short"])
+
+
 def test_tail_aware_config_rejects_negative_mix_factor():
     with pytest.raises(ValueError, match="mix_kv_factor"):
         TailAwareConfig(mix_kv_factor=-1.0)
+    with pytest.raises(ValueError, match="mix_min_icc"):
+        TailAwareConfig(mix_min_icc=-0.1)
+
+
+@pytest.mark.parametrize("factor", [0.0, -1.5])
+def test_tail_aware_config_rejects_a_non_positive_move_factor(factor):
+    with pytest.raises(ValueError, match=r"move_rem_factor=.*allowed: > 0"):
+        TailAwareConfig(move_rem_factor=factor)
