@@ -111,16 +111,15 @@ class TailAwareConfig:
     def __post_init__(self) -> None:
         if self.placement not in ("lpt", "finish"):
             raise ValueError(f"TailAwareConfig.placement={self.placement!r}; allowed: 'lpt', 'finish'")
-        for name in ("kv_load_factor", "kv_resident_factor", "critical_share", "mix_kv_factor"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"TailAwareConfig.{name}={getattr(self, name)!r}; allowed: >= 0 (0: off)")
-        for name in ("mix_min_icc", "mix_max_crit"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"TailAwareConfig.{name}={getattr(self, name)!r}; allowed: >= 0")
-        if self.target_slack < 0 or self.move_margin < 0 or self.max_moves_per_request < 0:
-            raise ValueError("TailAwareConfig: target_slack, move_margin, max_moves_per_request must be >= 0")
-        if self.move_rem_factor <= 0:
-            raise ValueError(f"TailAwareConfig.move_rem_factor={self.move_rem_factor!r}; allowed: > 0 (1: the mean)")
+        rules = dict.fromkeys(("kv_load_factor", "kv_resident_factor", "critical_share", "mix_kv_factor"),
+                              ">= 0 (0: off)")
+        rules |= dict.fromkeys(("mix_min_icc", "mix_max_crit", "target_slack", "move_margin",
+                                "max_moves_per_request"), ">= 0")
+        rules["move_rem_factor"] = "> 0 (1: the mean)"
+        for name, rule in rules.items():
+            value = getattr(self, name)
+            if value < 0 or (value == 0 and rule.startswith("> ")):
+                raise ValueError(f"TailAwareConfig.{name}={value!r}; allowed: {rule}")
 
 
 class _Agg:

@@ -170,19 +170,27 @@ def test_moves_off_the_critical_path_are_refused():
     assert b.moves <= a.moves
 
 
-@pytest.mark.parametrize("factor, order", [(0.0, ["a", "long", "mid", "short"]),
-                                           (1.0, ["a", "short", "mid", "long"])])
-def test_tail_aware_mixes_in_the_shortest_once_predicted_kv_is_full(factor, order):
+MIX_LENGTHS = {"a": 9000, "long": 5000, "mid": 500, "short": 10}
+LPT_ORDER, MIXED_ORDER = ["a", "long", "mid", "short"], ["a", "short", "mid", "long"]
+
+
+def _mix_order(predictor, config):
+    """Order in which one replica (4 slots, 10K KV tokens) is given MIX_LENGTHS; the policy too."""
     from rollout_ext.balance.request import Request
 
-    true = {"a": 9000, "long": 5000, "mid": 500, "short": 10}
-    policy = TailAwarePolicy(predictor=OraclePredictor(true), config=TailAwareConfig(mix_kv_factor=factor),
+    policy = TailAwarePolicy(predictor=predictor, config=config,
                              model=StepModel(max_num_seqs=4, kv_capacity_tokens=10_000))
     policy.add_replica("r")
-    for rid in true:
+    for rid in MIX_LENGTHS:
         policy.submit(Request(rid, rid, 0, 10, 10_000))
         assert policy.acquire(rid, 0) is None
-    assert [rid for rid, _ in policy.take_ready()] == order
+    return [rid for rid, _ in policy.take_ready()], policy
+
+
+@pytest.mark.parametrize("factor, order", [(0.0, LPT_ORDER), (1.0, MIXED_ORDER)])
+def test_tail_aware_mixes_in_the_shortest_once_predicted_kv_is_full(factor, order):
+    placed, policy = _mix_order(OraclePredictor(MIX_LENGTHS), TailAwareConfig(mix_kv_factor=factor))
+    assert placed == order
     assert policy.waiting() == 0
 
 
@@ -198,18 +206,9 @@ class _WeakSiblings(OraclePredictor):
                                                         (_WeakSiblings, 1.0, True)])
 def test_tail_aware_mixes_only_with_informative_siblings_or_slack(predictor, max_crit, mixes):
     """Low ICC and a cap-length sequence that is a large share of the batch's work: no mixing."""
-    from rollout_ext.balance.request import Request
-
-    true = {"a": 9000, "long": 5000, "mid": 500, "short": 10}
     cfg = TailAwareConfig(mix_kv_factor=1.0, mix_max_crit=max_crit)
-    policy = TailAwarePolicy(predictor=predictor(true), config=cfg,
-                             model=StepModel(max_num_seqs=4, kv_capacity_tokens=10_000))
-    policy.add_replica("r")
-    for rid in true:
-        policy.submit(Request(rid, rid, 0, 10, 10_000))
-        policy.acquire(rid, 0)
-    order = [rid for rid, _ in policy.take_ready()]
-    assert order == (["a", "short", "mid", "long"] if mixes else ["a", "long", "mid", "short"])
+    placed, _ = _mix_order(predictor(MIX_LENGTHS), cfg)
+    assert placed == (MIXED_ORDER if mixes else LPT_ORDER)
 
 
 def test_tail_aware_config_rejects_negative_mix_factor():
