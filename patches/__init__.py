@@ -1,7 +1,9 @@
 """The patch registry: name -> module with apply(cfg) and revert(). Nothing patches on import.
 
-`rollout_ext.plugin.register()` is the one call site; it applies, in this order, what the config
-enables. Modules are imported only when applied, so an unused patch never imports its upstream code.
+`rollout_ext.plugin.register()` is the one call site. It applies the infrastructure patches, then,
+for each module the config enables, the patch that module's record (rollout_ext.modules) names for
+this process's stack. Modules are imported only when applied, so an unused patch never imports its
+upstream code.
 """
 
 from __future__ import annotations
@@ -9,31 +11,26 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from rollout_ext.patches._base import PatchError, SUPPORTED_VLLM
+from rollout_ext import modules
+from rollout_ext.patches._base import SUPPORTED_VLLM, PatchError
 
-__all__ = ["PATCHES", "PatchError", "SUPPORTED_VLLM", "load", "selected"]
+__all__ = ["INFRASTRUCTURE", "PATCHES", "PatchError", "SUPPORTED_VLLM", "load", "selected"]
 
-# Application order matters: vllm-ascend's own patches first, then the engine check, then models.
 PATCHES = {
+    # Infrastructure: vllm-ascend's own patches first, then the one engine-time check.
     "ascend_import_order": "rollout_ext.patches.ascend_import_order",
     "engine_config_check": "rollout_ext.patches.engine_config_check",
+    # Module patches, per stack (see rollout_ext.modules).
     "rope_cache": "rollout_ext.patches.rope_cache",
+    "rope_cache_ascend": "rollout_ext.patches.rope_cache_ascend",
     "mc2_row_parallel": "rollout_ext.patches.mc2_row_parallel",
+    "mc2_ascend": "rollout_ext.patches.mc2_ascend",
     "flashcomm": "rollout_ext.patches.flashcomm",
     "mlp_only_tp": "rollout_ext.patches.mlp_only_tp",
     "fav2_attention": "rollout_ext.patches.fav2_attention",
 }
 
-# Config module switch -> patch name.
-MODULE_PATCHES = {
-    "rope_cache": "rope_cache",
-    "mc2": "mc2_row_parallel",
-    "flashcomm": "flashcomm",
-    "mlp_only_tp": "mlp_only_tp",
-    "fav2": "fav2_attention",
-}
-
-ALWAYS = ("ascend_import_order", "engine_config_check")
+INFRASTRUCTURE = ("ascend_import_order", "engine_config_check")
 
 
 def load(name: str) -> ModuleType:
@@ -42,7 +39,12 @@ def load(name: str) -> ModuleType:
     return importlib.import_module(PATCHES[name])
 
 
-def selected(cfg) -> list[str]:
-    """Patch names to apply for this config, in application order."""
-    wanted = set(ALWAYS) | {MODULE_PATCHES[m] for m in cfg.active_modules}
-    return [name for name in PATCHES if name in wanted]
+def selected(cfg, stack: str = "vllm") -> list[str]:
+    """Patch names to apply for this config on `stack`, in application order (modules that do
+    not bind on that stack have no patch)."""
+    names = list(INFRASTRUCTURE)
+    for module in modules.MODULES:
+        patch = module.stacks[stack].patch
+        if getattr(cfg, module.name) and patch is not None:
+            names.append(patch)
+    return names

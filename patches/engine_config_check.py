@@ -2,7 +2,10 @@
 
 Why: some conflicts depend on engine settings that only exist once vLLM builds its config (FAV2 needs
 chunked prefill off; TASK_QUEUE_ENABLE=2 needs eager mode; mc2 and MLP-only TP do nothing at TP=1).
-Checking here fails in the launching process, before any engine core or worker starts.
+Checking here fails in the launching process, before any engine core or worker starts. It is the
+one engine-time hook: it also runs each applied patch's own `check_engine(cfg, vllm_config)` (e.g.
+mlp_only_tp refuses an unsupported architecture), keeps the merged config (`engine_config()`), and
+tells the plugin, so modules that do nothing at this TP size are reported inert.
 Targets: vllm>=0.23,<0.28 (create_engine_config(self, usage_context, headless)). Upstream: none.
 Undo: revert().
 """
@@ -17,10 +20,19 @@ from rollout_ext.patches._base import Swaps, require_signature, require_vllm
 NAME = "engine_config_check"
 logger = logging.getLogger("vllm.rollout_ext")
 _swaps = Swaps(NAME)
+_merged: dict = {"config": None}
 
 
-def engine_config(cfg, vllm_config):
-    """rollout_ext's config merged with the engine's; raises ConfigError on a conflict."""
+def engine_config():
+    """The last engine's merged rollout_ext config in this process, or None."""
+    return _merged["config"]
+
+
+def check_engine(cfg, vllm_config):
+    """rollout_ext's config merged with the engine's; raises ConfigError on a conflict and
+    PatchError when an applied patch refuses this engine (strict)."""
+    from rollout_ext import patches, plugin
+
     merged = cfg.with_engine(
         tp_size=vllm_config.parallel_config.tensor_parallel_size,
         chunked_prefill=bool(vllm_config.scheduler_config.enable_chunked_prefill),
@@ -29,6 +41,12 @@ def engine_config(cfg, vllm_config):
     merged.raise_on_conflicts()
     for warning in merged.warnings():
         logger.warning("rollout_ext: %s", warning)
+    for name in plugin.applied_patches():
+        patch_check = getattr(patches.load(name), "check_engine", None)
+        if patch_check is not None and name != NAME:
+            patch_check(merged, vllm_config)
+    _merged["config"] = merged
+    plugin.note_engine(merged)
     return merged
 
 
@@ -44,7 +62,7 @@ def apply(cfg) -> None:
     @functools.wraps(original)
     def create_engine_config(self, *args, **kwargs):
         vllm_config = original(self, *args, **kwargs)
-        engine_config(cfg, vllm_config)
+        check_engine(cfg, vllm_config)
         return vllm_config
 
     _swaps.replace(EngineArgs, "create_engine_config", create_engine_config)
@@ -52,3 +70,4 @@ def apply(cfg) -> None:
 
 def revert() -> None:
     _swaps.revert()
+    _merged["config"] = None

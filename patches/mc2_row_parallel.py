@@ -136,24 +136,39 @@ def _define_op() -> None:
     _op_defined = True
 
 
+def track(layer) -> None:
+    """Make `layer` reachable from the custom op. Keyed by prefix, as vLLM keys attention layers:
+    stable across processes, so a cached compiled graph that names a layer finds it again."""
+    layer._mc2_key = layer.prefix or f"<unnamed {id(layer)}>"
+    _layers[layer._mc2_key] = weakref.ref(layer)
+
+
+def forward_through_op(layer, input_):
+    """The layer's forward with matmul + all-reduce in the custom op (the layer must take_over)."""
+    output = torch.ops.rollout_ext.mc2_row_parallel(input_, layer._mc2_key, _state["min_tokens"])
+    if not layer.return_bias:
+        return output
+    return output, (layer.bias if layer.skip_bias_add else None)
+
+
+def enable(min_tokens: int) -> None:
+    """Define the op and set its token threshold (shared by this patch and mc2_ascend)."""
+    _define_op()
+    _state["min_tokens"] = min_tokens
+
+
 def make_layer_class(base: type) -> type:
     """A subclass of `base` whose forward sends eligible layers through the custom op."""
 
     class Mc2RowParallelLinear(base):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            # Keyed by prefix, as vLLM keys attention layers: stable across processes, so a
-            # cached compiled graph that names a layer finds it again.
-            self._mc2_key = self.prefix or f"<unnamed {id(self)}>"
-            _layers[self._mc2_key] = weakref.ref(self)
+            track(self)
 
         def forward(self, input_):
             if not takes_over(self):
                 return super().forward(input_)
-            output = torch.ops.rollout_ext.mc2_row_parallel(input_, self._mc2_key, _state["min_tokens"])
-            if not self.return_bias:
-                return output
-            return output, (self.bias if self.skip_bias_add else None)
+            return forward_through_op(self, input_)
 
     Mc2RowParallelLinear.__qualname__ = f"Mc2{base.__qualname__}"
     return Mc2RowParallelLinear
@@ -175,7 +190,7 @@ def apply(cfg) -> None:
     from vllm.model_executor.layers.linear import RowParallelLinear
 
     check_upstream(RowParallelLinear, PluggableLayer)
-    _define_op()
+    enable(cfg.mc2_min_tokens)
     previous = op_registry_oot.pop(LAYER_NAME, None)
     layer_cls = make_layer_class(previous or RowParallelLinear)
     RowParallelLinear.register_oot(layer_cls, name=LAYER_NAME)

@@ -15,10 +15,11 @@ are unchanged, only how the attention module constructs them. During one wrapped
 module's globals `get_tensor_model_parallel_world_size`, `QKVParallelLinear` and `RowParallelLinear`
 are swapped for TP-less versions and restored in a `finally` (model construction is single-threaded).
 Only Qwen2ForCausalLM and LlamaForCausalLM are replicated; any other architecture is refused at engine
-config time (PatchError, or a warning and an unpatched model with ROLLOUT_EXT_STRICT=0), and the
-wrappers leave it untouched. The module is tagged into `VllmConfig.additional_config` so that
-torch.compile's cache key differs from a sharded-attention run of the same model (vLLM hashes the
-config and traced source, not weight shapes).
+config time by `check_engine`, which the one engine-time hook (engine_config_check) calls (PatchError,
+or a warning and an unpatched model with ROLLOUT_EXT_STRICT=0), and the wrappers leave it untouched.
+The compile cache key gets this patch mixed in (`_compile_key`, as every graph-changing patch does),
+so torch.compile never reuses a sharded-attention graph of the same model (vLLM hashes the config
+and traced source, not weight shapes).
 Forward code is untouched, so eager and torch.compile behave alike; no runtime threshold is involved.
 Targets: vllm>=0.23,<0.28 (same attention constructors and `disable_tp` in 0.23.0 and 0.27.1).
 Upstream: none in vLLM; vllm-ascend's MLP optimisation. Undo: revert().
@@ -34,6 +35,7 @@ import logging
 from types import SimpleNamespace
 
 from rollout_ext.patches._base import PatchError, Swaps, require_signature, require_vllm
+from rollout_ext.patches._compile_key import add_compile_key
 
 NAME = "mlp_only_tp"
 logger = logging.getLogger("vllm.rollout_ext")
@@ -50,8 +52,6 @@ ATTENTION_PARAMS = {
 }
 # Names the attention constructors look up in their module at call time.
 TP_GLOBALS = ("get_tensor_model_parallel_world_size", "QKVParallelLinear", "RowParallelLinear")
-# Key in VllmConfig.additional_config; part of vLLM's torch.compile cache key.
-COMPILE_TAG = "rollout_ext_mlp_only_tp"
 
 _swaps = Swaps(NAME)
 _logged_layer = False
@@ -74,7 +74,7 @@ def replicates_attention(model_config, parallel_config) -> bool:
 
 
 def check_engine(cfg, vllm_config) -> bool:
-    """Refuse an unsupported model (strict) and tag the compile cache; True when replicating."""
+    """Refuse an unsupported model (strict); True when this engine's attention is replicated."""
     model_config, parallel_config = vllm_config.model_config, vllm_config.parallel_config
     if parallel_config.tensor_parallel_size == 1:
         return False
@@ -88,14 +88,6 @@ def check_engine(cfg, vllm_config) -> bool:
             raise PatchError(message)
         logger.warning("rollout_ext: %s Running with sharded attention (ROLLOUT_EXT_STRICT=0).", message)
         return False
-    extra = vllm_config.additional_config
-    if isinstance(extra, dict):
-        extra[COMPILE_TAG] = True
-    else:
-        logger.warning(
-            "rollout_ext: %s could not tag additional_config (%s); clear VLLM_CACHE_ROOT's "
-            "torch_compile_cache when switching ROLLOUT_EXT_MLP_ONLY_TP", NAME, type(extra).__name__
-        )
     return True
 
 
@@ -197,25 +189,15 @@ def apply(cfg) -> None:
         return
     require_vllm(NAME)
     from vllm.config import ModelConfig
-    from vllm.engine.arg_utils import EngineArgs
 
     targets = _attention_targets()
     require_signature(NAME, ModelConfig.get_num_attention_heads, ["parallel_config"])
     require_signature(NAME, ModelConfig.get_num_kv_heads, ["parallel_config"])
-    create_engine_config = EngineArgs.create_engine_config
-    require_signature(NAME, create_engine_config, ["usage_context", "headless"])
-
-    @functools.wraps(create_engine_config)
-    def checked_create_engine_config(self, *args, **kwargs):
-        vllm_config = create_engine_config(self, *args, **kwargs)
-        check_engine(cfg, vllm_config)
-        return vllm_config
-
     for module, attention in targets:
         _swaps.replace(attention, "__init__", _replicated_init(attention.__init__, module))
     for method in ("get_num_attention_heads", "get_num_kv_heads"):
         _swaps.replace(ModelConfig, method, _per_rank_heads(getattr(ModelConfig, method)))
-    _swaps.replace(EngineArgs, "create_engine_config", checked_create_engine_config)
+    add_compile_key(NAME, _swaps, "v1")
 
 
 def revert() -> None:

@@ -14,20 +14,17 @@ from collections.abc import Callable, Mapping
 
 import msgspec
 
+from rollout_ext import modules
+
 logger = logging.getLogger("rollout_ext")
 
 PREFIX = "ROLLOUT_EXT_"
 
 # Old vllm-ascend switches still found in users' launch scripts: alias -> our field.
-ALIASES = {
-    "VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE": "mc2",
-    "VLLM_ASCEND_ENABLE_FLASHCOMM": "flashcomm",
-    "VLLM_ASCEND_ENABLE_FLASHCOMM1": "flashcomm",
-    "VLLM_ASCEND_ENABLE_MLP_OPTIMIZE": "mlp_only_tp",
-}
+ALIASES = modules.aliases()
 
 HCCL_EXPANSION_MODES = ("AI_CPU", "AIV", "HOST", "HOST_TS")
-MODULES = ("rope_cache", "mc2", "flashcomm", "mlp_only_tp", "fav2")
+MODULES = modules.NAMES
 
 
 class ConfigError(ValueError):
@@ -81,17 +78,16 @@ class ExtConfig(msgspec.Struct, frozen=True, kw_only=True):
         return msgspec.structs.replace(self, tp_size=tp_size, chunked_prefill=chunked_prefill, graph_mode=graph_mode)
 
     @property
-    def active_modules(self) -> list[str]:
+    def enabled_modules(self) -> list[str]:
         return [name for name in MODULES if getattr(self, name)]
 
     def conflicts(self) -> list[str]:
         """Each entry: what clashes, and how to resolve it."""
-        found = []
-        if self.mc2 and self.flashcomm:
-            found.append(
-                "ROLLOUT_EXT_MC2=1 with ROLLOUT_EXT_FLASHCOMM=1: both replace the all-reduce after "
-                "RowParallelLinear. Keep one: mc2 for TP8 prefill-heavy runs, flashcomm otherwise."
-            )
+        found = [
+            f"{modules.get(a).switch}=1 with {modules.get(b).switch}=1: {why}"
+            for a, b, why in modules.conflict_pairs()
+            if getattr(self, a) and getattr(self, b)
+        ]
         if self.fav2 and self.chunked_prefill:
             found.append(
                 "ROLLOUT_EXT_FAV2=1 with chunked prefill on: the FAV2 prefill kernel takes whole "
@@ -108,19 +104,14 @@ class ExtConfig(msgspec.Struct, frozen=True, kw_only=True):
                 "HCCL_OP_EXPANSION_MODE=AIV with ROLLOUT_EXT_MC2=1: mc2 drives HCCL itself. "
                 "Unset HCCL_OP_EXPANSION_MODE, or set ROLLOUT_EXT_MC2=0."
             )
-        if self.flashcomm and self.mlp_only_tp:
-            found.append(
-                "ROLLOUT_EXT_FLASHCOMM=1 with ROLLOUT_EXT_MLP_ONLY_TP=1: flashcomm shards tokens "
-                "across ranks, and MLP-only TP's replicated attention needs every token. Keep one."
-            )
         return found
 
     def warnings(self) -> list[str]:
         found = []
         if self.tp_size == 1:
-            for name in ("mc2", "mlp_only_tp", "flashcomm"):
-                if getattr(self, name):
-                    found.append(f"ROLLOUT_EXT_{name.upper()}=1 does nothing with tensor_parallel_size=1.")
+            for module in modules.MODULES:
+                if module.needs_tp and getattr(self, module.name):
+                    found.append(f"{module.switch}=1 does nothing with tensor_parallel_size=1.")
         if self.chunked_prefill is False and not self.fav2:
             found.append(
                 "chunked prefill is off, but no rollout_ext module needs it off; V1 with chunked "

@@ -43,6 +43,43 @@ def vllm_version() -> Version | None:
     return Version(Version(found[1]).base_version) if found else None
 
 
+def has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ModuleNotFoundError, ValueError):
+        return False
+
+
+def vllm_ascend_version() -> str | None:
+    """The importable vllm-ascend's version: package metadata, else its generated _version.py;
+    "main (source tree)" for a source checkout that has neither; None when it is not importable.
+    Read from files, so asking never imports vllm_ascend (its package imports torch_npu)."""
+    if not has_module("vllm_ascend"):
+        return None
+    version = dist_version("vllm-ascend", "vllm_ascend")
+    if version:
+        return version
+    origin = importlib.util.find_spec("vllm_ascend").origin
+    version_file = Path(origin).with_name("_version.py") if origin else None
+    if version_file is not None and version_file.is_file():
+        for line in version_file.read_text(errors="replace").splitlines():
+            if line.startswith("__version__") and "=" in line:
+                return line.split("=", 1)[1].strip().strip("'\"")
+    return "main (source tree)"
+
+
+# The stacks a module record names its hooks for.
+STACKS = ("vllm", "ascend-main", "ascend-0.23")
+
+
+def stack() -> str:
+    """Which classes the engine will build: stock vLLM's, or vllm-ascend's (0.23 or main)."""
+    version = vllm_ascend_version()
+    if version is None:
+        return "vllm"
+    return "ascend-0.23" if version.startswith("0.23") else "ascend-main"
+
+
 def has_torch_npu() -> bool:
     return importlib.util.find_spec("torch_npu") is not None
 
@@ -78,7 +115,7 @@ def versions(toolkit_home: str | None = None) -> dict[str, str | None]:
         "torch": dist_version("torch"),
         "vllm": found[1] if found else None,
         "vllm_distribution": found[0] if found else None,
-        "vllm_ascend": dist_version("vllm-ascend", "vllm_ascend"),
+        "vllm_ascend": vllm_ascend_version(),
         "torch_npu": dist_version("torch-npu", "torch_npu"),
         "cann": cann_version(toolkit_home),
         "verl": dist_version("verl"),

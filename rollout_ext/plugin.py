@@ -1,8 +1,9 @@
 """The vLLM general plugin: `VLLM_PLUGINS=rollout_ext` (entry point group `vllm.general_plugins`).
 
 vLLM calls `register()` in every process it starts (API server or main, engine core, each worker),
-sometimes more than once per process, so it is idempotent. It builds the config, applies the patches
-the config enables, and logs one line per process.
+sometimes more than once per process, so it is idempotent. It builds the config, binds each enabled
+module to the classes this process builds (stock vLLM's or vllm-ascend's), and logs one status line
+with each module's state: only what bound is listed as active.
 """
 
 from __future__ import annotations
@@ -11,13 +12,24 @@ import logging
 import multiprocessing
 import os
 
-from rollout_ext import __version__
+import msgspec
+
+from rollout_ext import __version__, modules
 from rollout_ext.config import ExtConfig
 
 logger = logging.getLogger("vllm.rollout_ext")
 
 _config: ExtConfig | None = None
 _applied: list[str] = []
+_states: dict[str, ModuleState] = {}
+
+
+class ModuleState(msgspec.Struct, frozen=True, kw_only=True):
+    state: str  # one of modules.STATES
+    stack: str
+    patch: str | None = None
+    # Why it was refused, or what made it inert or upstream.
+    detail: str = ""
 
 
 def current_config() -> ExtConfig | None:
@@ -29,30 +41,104 @@ def applied_patches() -> list[str]:
     return list(_applied)
 
 
+def module_states() -> dict[str, ModuleState]:
+    """Each module's state in this process (empty before register())."""
+    return dict(_states)
+
+
 def register() -> None:
     global _config
     if _config is not None:
         return
     cfg = ExtConfig.from_env()
-    _applied.extend(apply_patches(cfg))
+    applied, states = apply_patches(cfg)
+    _applied.extend(applied)
+    _states.update(states)
     _config = cfg
-    logger.info("%s", status_line(cfg))
+    logger.info("%s", status_line(_states))
 
 
-def apply_patches(cfg: ExtConfig) -> list[str]:
+def stack_label(stack: str) -> str:
+    from rollout_ext.platform import vllm_ascend_version, vllm_distribution
+
+    if stack == "vllm":
+        found = vllm_distribution()
+        return f"vLLM {found[1] if found else '(not installed)'}"
+    return f"vllm-ascend {vllm_ascend_version()}"
+
+
+def _refusal(module: modules.Module, stack: str, reason: str) -> str:
+    return (
+        f"rollout_ext module {module.name!r} cannot bind on {stack_label(stack)}: {reason}. "
+        f"Set {module.switch}=0, or ROLLOUT_EXT_STRICT=0 to run without it."
+    )
+
+
+def apply_patches(cfg: ExtConfig, stack: str | None = None) -> tuple[list[str], dict[str, ModuleState]]:
+    """Apply the infrastructure patches, then bind each enabled module on `stack` (this process's
+    by default). Returns the patches applied and every module's state. A module that cannot bind
+    raises PatchError under strict mode (after reverting what this call applied); otherwise it is
+    logged and recorded as refused."""
     from rollout_ext import patches
+    from rollout_ext.platform import stack as current_stack
 
-    done = []
-    for name in patches.selected(cfg):
+    stack = stack or current_stack()
+    applied: list[str] = []
+    states: dict[str, ModuleState] = {}
+
+    def fail(error: patches.PatchError):
+        while applied:
+            patches.load(applied.pop()).revert()
+        raise error
+
+    for name in patches.INFRASTRUCTURE:
         try:
             patches.load(name).apply(cfg)
         except patches.PatchError as e:
             if cfg.strict:
-                raise
+                fail(e)
             logger.error("rollout_ext: %s; leaving vLLM unpatched for %s (ROLLOUT_EXT_STRICT=0)", e, name)
             continue
-        done.append(name)
-    return done
+        applied.append(name)
+
+    for module in modules.MODULES:
+        binding = module.stacks[stack]
+        if not getattr(cfg, module.name):
+            states[module.name] = ModuleState(state=modules.OFF, stack=stack, patch=binding.patch)
+            continue
+        state, detail = modules.ACTIVE, ""
+        if binding.patch is None:
+            state, detail = modules.REFUSED, _refusal(module, stack, binding.refusal)
+        else:
+            try:
+                result = patches.load(binding.patch).apply(cfg)
+            except patches.PatchError as e:
+                state, detail = modules.REFUSED, _refusal(module, stack, str(e))
+            else:
+                applied.append(binding.patch)
+                if result in (modules.UPSTREAM, modules.INERT):
+                    state = result
+        if state == modules.REFUSED:
+            if cfg.strict:
+                fail(patches.PatchError(detail))
+            logger.error("%s (ROLLOUT_EXT_STRICT=0: running without it)", detail)
+        states[module.name] = ModuleState(state=state, stack=stack, patch=binding.patch, detail=detail)
+    return applied, states
+
+
+def note_engine(engine_cfg: ExtConfig) -> None:
+    """Engine facts are known (the launching process builds the engine config): a module that
+    does nothing at this TP size is inert, not active. Logs the status line again."""
+    changed = False
+    for module in modules.MODULES:
+        current = _states.get(module.name)
+        if current is not None and current.state == modules.ACTIVE and module.needs_tp and engine_cfg.tp_size == 1:
+            _states[module.name] = msgspec.structs.replace(
+                current, state=modules.INERT, detail="tensor_parallel_size=1: nothing to fuse or shard"
+            )
+            changed = True
+    if _states and changed:
+        logger.info("%s", status_line(_states))
 
 
 def unregister() -> None:
@@ -62,17 +148,21 @@ def unregister() -> None:
 
     while _applied:
         patches.load(_applied.pop()).revert()
+    _states.clear()
     _config = None
 
 
-def status_line(cfg: ExtConfig) -> str:
-    from rollout_ext.platform import device_type, vllm_distribution
+def status_line(states: dict[str, ModuleState]) -> str:
+    from rollout_ext.platform import device_type, vllm_ascend_version, vllm_distribution
 
     found = vllm_distribution()
     vllm = found[1] if found else "none"
-    modules = ",".join(cfg.active_modules)
+    ascend = vllm_ascend_version()
+    by_state = {state: [name for name, s in states.items() if s.state == state] for state in modules.STATES}
+    listed = " ".join(f"{state}=[{','.join(names)}]" for state, names in by_state.items() if names or state == "active")
     process = multiprocessing.current_process().name
+    stack = f" vllm-ascend={ascend}" if ascend else ""
     return (
-        f"rollout_ext {__version__}: device={device_type()} vllm={vllm} modules=[{modules}] "
+        f"rollout_ext {__version__}: device={device_type()} vllm={vllm}{stack} {listed} "
         f"(pid {os.getpid()}, {process})"
     )

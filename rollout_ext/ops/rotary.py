@@ -196,3 +196,33 @@ def apply_rotary(
     return apply_rotary_reference(
         query, key, cos, sin, head_size=head_size, rotary_dim=rotary_dim, is_neox=is_neox
     )
+
+
+def apply_rotary_step_reference(
+    query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, head_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Neox RoPE over the whole head from full-width per-step tables: cos/sin [1, T, 1, head_size]
+    with each angle in both halves (the layout vllm-ascend's `update_cos_sin` fills)."""
+    num_tokens = query.shape[0]
+    cos_t, sin_t = cos[0].to(query.dtype), sin[0].to(query.dtype)  # [T, 1, D], broadcast over heads
+    out = []
+    for x in (query, key):
+        heads = x.reshape(num_tokens, -1, head_size)
+        first, second = heads.chunk(2, dim=-1)
+        out.append((heads * cos_t + torch.cat((-second, first), dim=-1) * sin_t).reshape(x.shape))
+    return out[0], out[1]
+
+
+def apply_rotary_step_npu(
+    query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, head_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same with one aclnn kernel: npu_apply_rotary_pos_emb, BSND with B=1, S=tokens."""
+    import torch_npu
+
+    num_tokens = query.shape[0]
+    query_4d = query.contiguous().view(1, num_tokens, -1, head_size)
+    key_4d = key.contiguous().view(1, num_tokens, -1, head_size)
+    query_4d, key_4d = torch_npu.npu_apply_rotary_pos_emb(
+        query_4d, key_4d, cos, sin, layout="BSND", rotary_mode="half"
+    )
+    return query_4d.view(query.shape), key_4d.view(key.shape)

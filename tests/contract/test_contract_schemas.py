@@ -15,6 +15,7 @@ CALLED_OPS = {
     "npu_mm_all_reduce_base",
     "_npu_rotary_embedding",
     "_npu_flash_attention_v2",
+    "npu_mrope",  # called by vllm-ascend's rope; emulated for the Ascend-on-CPU lane
 }
 
 

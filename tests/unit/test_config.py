@@ -9,7 +9,7 @@ from rollout_ext.config import ALIASES, MODULES, ConfigError, ExtConfig
 
 def test_defaults():
     cfg = ExtConfig.from_env({})
-    assert cfg.active_modules == ["rope_cache"]
+    assert cfg.enabled_modules == ["rope_cache"]
     assert (cfg.mc2_min_tokens, cfg.flashcomm_min_tokens) == (256, 256)
     assert cfg.strict is True
     assert cfg.task_queue_enable is None and cfg.hccl_op_expansion_mode is None

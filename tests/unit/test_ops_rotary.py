@@ -6,7 +6,7 @@ import torch
 from rollout_ext.ops import npu_available
 from rollout_ext.ops.rotary import apply_rotary, apply_rotary_reference, gather_cos_sin
 
-vllm_config = pytest.importorskip("vllm.config")
+import vllm.config as vllm_config  # noqa: E402
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding  # noqa: E402
 
 

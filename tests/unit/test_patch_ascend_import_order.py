@@ -40,6 +40,7 @@ print(json.dumps({
     "recorded": getattr(ascend, "IMPORTED", None),
     "imported": ascend_import_order.imported(),
     "applied": plugin.applied_patches(),
+    "states": {name: s.state for name, s in plugin.module_states().items()},
     "patch_modules": sorted(m for m in sys.modules if m.startswith("rollout_ext.patches.")),
 }))
 '''
@@ -64,8 +65,10 @@ def make_vllm_ascend(root: Path, parts=("platform", "worker"), broken: str | Non
 
 def run_register(extra_path: Path | None, strict: bool = True, check: bool = True) -> dict | subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(PREFIX)}
-    # Engine check is always on; mlp_only_tp stands for a model patch applied after it.
-    env.update({f"{PREFIX}ROPE_CACHE": "0", f"{PREFIX}MLP_ONLY_TP": "1", f"{PREFIX}STRICT": str(int(strict))})
+    # Engine check is always on; mc2 stands for a model patch applied after it. With the stand-in
+    # vllm_ascend on sys.path the stack is vllm-ascend's, where mc2 binds vllm_ascend.ops.linear,
+    # which the stand-in lacks: refused (strict=False) after the import order was kept.
+    env.update({f"{PREFIX}ROPE_CACHE": "0", f"{PREFIX}MC2": "1", f"{PREFIX}STRICT": str(int(strict))})
     paths = [str(extra_path)] if extra_path else []
     env["PYTHONPATH"] = os.pathsep.join(paths + [str(REPO_ROOT)])
     proc = subprocess.run([sys.executable, "-c", DRIVER], capture_output=True, text=True, env=env, timeout=180)
@@ -76,20 +79,21 @@ def run_register(extra_path: Path | None, strict: bool = True, check: bool = Tru
 
 
 def test_ascend_patches_import_first_platform_then_worker(tmp_path):
-    result = run_register(make_vllm_ascend(tmp_path))
+    result = run_register(make_vllm_ascend(tmp_path), strict=False)
     assert [r["module"] for r in result["recorded"]] == ["vllm_ascend.patch.platform", "vllm_ascend.patch.worker"]
     for record in result["recorded"]:
         # No model patch module was even imported, so none had been applied yet.
         assert set(record["patch_modules"]) <= REGISTRY_MODULES, record
     assert result["imported"] == ["vllm_ascend.patch.platform", "vllm_ascend.patch.worker"]
-    assert result["applied"] == ["ascend_import_order", "engine_config_check", "mlp_only_tp"]
-    assert {"rollout_ext.patches.engine_config_check", "rollout_ext.patches.mlp_only_tp"} <= set(
+    assert result["applied"] == ["ascend_import_order", "engine_config_check"]
+    assert result["states"]["mc2"] == "refused"
+    assert {"rollout_ext.patches.engine_config_check", "rollout_ext.patches.mc2_ascend"} <= set(
         result["patch_modules"]
     )
 
 
 def test_missing_worker_patches_are_skipped(tmp_path):
-    result = run_register(make_vllm_ascend(tmp_path, parts=("platform",)))
+    result = run_register(make_vllm_ascend(tmp_path, parts=("platform",)), strict=False)
     assert [r["module"] for r in result["recorded"]] == ["vllm_ascend.patch.platform"]
     assert result["imported"] == ["vllm_ascend.patch.platform"]
     assert result["applied"][0] == "ascend_import_order"
@@ -99,7 +103,8 @@ def test_no_op_without_vllm_ascend():
     result = run_register(None)
     assert result["recorded"] is None
     assert result["imported"] == []
-    assert result["applied"] == ["ascend_import_order", "engine_config_check", "mlp_only_tp"]
+    assert result["applied"] == ["ascend_import_order", "engine_config_check", "mc2_row_parallel"]
+    assert result["states"]["mc2"] == "active"
 
 
 def test_broken_ascend_patch_fails_strict_and_is_skipped_otherwise(tmp_path):
@@ -109,4 +114,4 @@ def test_broken_ascend_patch_fails_strict_and_is_skipped_otherwise(tmp_path):
     assert "PatchError: rollout_ext patch 'ascend_import_order': importing vllm_ascend.patch.worker failed" in proc.stderr
     result = run_register(root, strict=False)
     assert "ascend_import_order" not in result["applied"]
-    assert result["applied"] == ["engine_config_check", "mlp_only_tp"]
+    assert result["applied"] == ["engine_config_check"]

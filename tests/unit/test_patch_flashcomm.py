@@ -14,7 +14,7 @@ from rollout_ext.patches import PatchError
 from rollout_ext.patches import flashcomm
 from rollout_ext.testing.dist import run_ranks
 
-vllm_linear = pytest.importorskip("vllm.model_executor.layers.linear")
+import vllm.model_executor.layers.linear as vllm_linear  # noqa: E402
 from vllm.config import VllmConfig  # noqa: E402
 from vllm.model_executor.models.llama import LlamaModel  # noqa: E402
 from vllm.model_executor.models.qwen2 import Qwen2Model  # noqa: E402

@@ -11,7 +11,7 @@ from rollout_ext.patches import PatchError
 from rollout_ext.patches import mc2_row_parallel as mc2
 from rollout_ext.testing.dist import run_ranks
 
-vllm_linear = pytest.importorskip("vllm.model_executor.layers.linear")
+import vllm.model_executor.layers.linear as vllm_linear  # noqa: E402
 from vllm.config import VllmConfig  # noqa: E402
 from vllm.model_executor.custom_op import PluggableLayer, op_registry_oot  # noqa: E402
 

@@ -13,9 +13,9 @@ from rollout_ext.config import ExtConfig
 from rollout_ext.patches import PatchError
 from rollout_ext.patches import mlp_only_tp as patch
 
-vllm = pytest.importorskip("vllm")
+import vllm  # noqa: E402,F401
 
-from vllm.config import ModelConfig, ParallelConfig  # noqa: E402
+from vllm.config import ModelConfig, ParallelConfig, VllmConfig  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 from vllm.model_executor.models import llama, qwen2  # noqa: E402
 
@@ -28,7 +28,7 @@ def _targets():
         (llama.LlamaAttention, "__init__"),
         (ModelConfig, "get_num_attention_heads"),
         (ModelConfig, "get_num_kv_heads"),
-        (EngineArgs, "create_engine_config"),
+        (VllmConfig, "compute_hash"),
     ]
 
 
@@ -113,13 +113,16 @@ def test_per_rank_heads_are_whole_only_while_applied(originals, qwen2_model_conf
     assert (qwen2_model_config.get_num_attention_heads(tp2), qwen2_model_config.get_num_kv_heads(tp2)) == (2, 1)
 
 
-def test_engine_config_is_tagged_for_the_compile_cache(originals, tiny_qwen2, no_general_plugins):
-    patch.apply(CFG)
+def test_compile_cache_key_differs_while_applied(originals, tiny_qwen2, no_general_plugins):
     args = EngineArgs(model=str(tiny_qwen2), tensor_parallel_size=2, skip_tokenizer_init=True,
                       max_model_len=512, distributed_executor_backend="mp")
-    vllm_config = args.create_engine_config()
-    assert vllm_config.additional_config[patch.COMPILE_TAG] is True
-    assert vllm_config.model_config.get_num_kv_heads(vllm_config.parallel_config) == 2
+    sharded = args.create_engine_config()
+    sharded_key = sharded.compute_hash()
+    patch.apply(CFG)
+    replicated = args.create_engine_config()
+    assert replicated.compute_hash() != sharded_key
+    assert replicated.model_config.get_num_kv_heads(replicated.parallel_config) == 2
+    assert patch.check_engine(CFG, replicated) is True
 
 
 @pytest.fixture(scope="module")
@@ -136,19 +139,17 @@ def mistral_model_config(tiny_llama, tmp_path_factory):
 
 def test_unsupported_architecture_is_refused_in_strict_mode(mistral_model_config):
     engine = SimpleNamespace(
-        model_config=mistral_model_config, parallel_config=ParallelConfig(tensor_parallel_size=2), additional_config={}
+        model_config=mistral_model_config, parallel_config=ParallelConfig(tensor_parallel_size=2)
     )
     with pytest.raises(PatchError, match=r"'mlp_only_tp' supports Qwen2ForCausalLM, LlamaForCausalLM; .*Mistral"):
         patch.check_engine(CFG, engine)
     lenient = ExtConfig(mlp_only_tp=True, rope_cache=False, strict=False)
     assert patch.check_engine(lenient, engine) is False
-    assert engine.additional_config == {}
     assert not patch.replicates_attention(mistral_model_config, engine.parallel_config)
 
 
 def test_tp1_is_left_alone(qwen2_model_config):
     engine = SimpleNamespace(
-        model_config=qwen2_model_config, parallel_config=ParallelConfig(tensor_parallel_size=1), additional_config={}
+        model_config=qwen2_model_config, parallel_config=ParallelConfig(tensor_parallel_size=1)
     )
     assert patch.check_engine(CFG, engine) is False
-    assert engine.additional_config == {}

@@ -12,7 +12,7 @@ from rollout_ext.config import ExtConfig
 from rollout_ext.patches import PatchError
 from rollout_ext.patches import rope_cache
 
-rotary = pytest.importorskip("vllm.model_executor.layers.rotary_embedding")
+import vllm.model_executor.layers.rotary_embedding as rotary  # noqa: E402
 from vllm.config import VllmConfig, set_current_vllm_config  # noqa: E402
 from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding  # noqa: E402
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # noqa: E402

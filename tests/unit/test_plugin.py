@@ -68,7 +68,8 @@ def test_register_is_idempotent_and_logs_once():
     proc = run_python(code, env)
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stdout.splitlines() if "rollout_ext 0.1.0:" in line]
-    assert len(lines) == 1 and "modules=[]" in lines[0] and "device=cpu" in lines[0]
+    assert len(lines) == 1 and "active=[] " in lines[0] and "device=cpu" in lines[0]
+    assert "off=[rope_cache,mc2,flashcomm,mlp_only_tp,fav2]" in lines[0]
     assert "APPLIED ['ascend_import_order', 'engine_config_check']" in proc.stdout
     assert "AFTER [] None" in proc.stdout
 
@@ -142,7 +143,9 @@ def test_strict_off_logs_and_continues(monkeypatch):
 
     monkeypatch.setattr(_base, "vllm_version", lambda: Version("0.99.0"))
     cfg = ExtConfig.from_env({"ROLLOUT_EXT_STRICT": "0", "ROLLOUT_EXT_ROPE_CACHE": "0"})
-    assert plugin.apply_patches(cfg) == ["ascend_import_order"]
+    applied, states = plugin.apply_patches(cfg)
+    assert applied == ["ascend_import_order"]
+    assert {s.state for s in states.values()} == {"off"}
     strict = ExtConfig.from_env({"ROLLOUT_EXT_ROPE_CACHE": "0"})
     with pytest.raises(patches.PatchError):
         plugin.apply_patches(strict)

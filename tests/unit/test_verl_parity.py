@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-verl = pytest.importorskip("verl")
+import verl  # noqa: E402,F401
 
 import rollout_ext.verl  # noqa: E402,F401  (registers, in case entry-point plugins are off)
 from rollout_ext.verl import parity  # noqa: E402

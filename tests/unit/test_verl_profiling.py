@@ -11,7 +11,6 @@ from rollout_ext.verl.profiling import phase_overrides, phase_trace, profiler_to
 
 
 def test_rollout_only_preset_resolves_in_verls_config(tmp_path):
-    pytest.importorskip("verl")
     from verl.utils.config import omega_conf_to_dataclass
 
     from rollout_ext.verl.tiny_run import compose

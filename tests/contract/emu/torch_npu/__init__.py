@@ -17,6 +17,59 @@ from torch_npu._schema import CALLS, bind  # noqa: F401
 torch.utils.rename_privateuse1_backend("npu")
 
 
+class _NoDeviceHooks(torch._C._acc.PrivateUse1Hooks):
+    """The real package registers its device hooks in C++; here they say that no device exists, so
+    torch.distributed (e.g. barrier) keeps host tensors on the host."""
+
+    def is_available(self) -> bool:
+        return False
+
+    def has_primary_context(self, dev_id) -> bool:
+        return False
+
+    def is_built(self) -> bool:
+        return True
+
+
+torch._C._acc.register_python_privateuseone_hook(_NoDeviceHooks())
+
+__version__ = "2.14.0"  # the schemas every emulated op binds against
+
+# ---- the import-time surface vllm-ascend touches (no computation behind it) ----
+import sys as _sys  # noqa: E402
+
+from torch_npu import npu  # noqa: E402
+from torch_npu._unemulated import Namespace, stand_in  # noqa: E402
+
+_C = Namespace("torch_npu._C")
+_sys.modules["torch_npu._C"] = _C
+
+torch.npu = npu
+_sys.modules["torch.npu"] = npu
+
+# Dtypes: torch's own where torch has them; NPU-only ones are tags that no emulated op accepts.
+float4_e2m1fn_x2 = torch.float4_e2m1fn_x2
+float8_e8m0fnu = torch.float8_e8m0fnu
+
+
+class _NpuOnlyDtype:
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"torch_npu.{self.name} (emulated tag)"
+
+
+hifloat8 = _NpuOnlyDtype("hifloat8")
+
+
+def __getattr__(name: str):
+    """An op nobody emulated: importable (vllm-ascend binds names at import), raises when called."""
+    if not (name.startswith("npu_") or name.startswith("_npu_")):
+        raise AttributeError(f"module 'torch_npu' (emulation) has no attribute {name!r}")
+    return stand_in(f"torch_npu.{name}")
+
+
 # ---- HCCL backend emulation: communicator name <-> backend registry (emulation only) ----
 class EmulatedHcclBackend(dist.ProcessGroupGloo):
     """Gloo collectives under the HCCL backend name, plus torch_npu's comm-name lookup."""
@@ -114,6 +167,45 @@ def _npu_rotary_embedding(*args, **kwargs):
         heads = t.view(t.shape[0], -1, width)
         c, s = cos.unsqueeze(1).to(t.dtype), sin.unsqueeze(1).to(t.dtype)
         heads.copy_(heads * c + rotate(heads) * s)
+
+
+# ---- npu_mrope (aclnnRopeWithSinCosCache; what vllm-ascend's rope calls per layer) ----
+def npu_mrope(*args, **kwargs):
+    """Returns new (query, key) [T, heads*head_size]. cos_sin_cache [max_pos, rotary_dim] holds cos
+    then sin halves; rotary_dim is its last dim. Each head's first rotary_dim dims are rotated
+    ("half": neox halves, "interleaved": GPT-J pairs), the rest pass through. Every call gathers
+    the rows for `positions` from the whole table: the per-layer gather rope_cache removes."""
+    a = bind("npu_mrope", args, kwargs)
+    positions, query, key, table, head_size = (
+        a["positions"], a["query"], a["key"], a["cos_sin_cache"], a["head_size"]
+    )
+    if a["mrope_section"] not in (None, [0, 0, 0]):
+        raise NotImplementedError(f"npu_mrope: emulation models plain rope only, got mrope_section={a['mrope_section']}")
+    if a["cache_mode"] != "default":
+        raise NotImplementedError(f"npu_mrope: emulation models cache_mode 'default' only, got {a['cache_mode']}")
+    if a["rotary_mode"] not in ("half", "interleaved"):
+        raise ValueError(f"npu_mrope: rotary_mode must be 'half' or 'interleaved', got {a['rotary_mode']}")
+    if positions.dim() != 1:
+        raise NotImplementedError("npu_mrope: emulation models 1-D positions only")
+    rotary_dim = table.shape[-1]
+    for name, t in (("query", query), ("key", key)):
+        if t.dim() != 2 or t.shape[0] != positions.shape[0] or t.shape[1] % head_size:
+            raise ValueError(f"npu_mrope: {name} {tuple(t.shape)} is not [T, heads*{head_size}]")
+    if rotary_dim > head_size or rotary_dim % 2:
+        raise ValueError(f"npu_mrope: rotary dim {rotary_dim} does not fit head_size {head_size}")
+    cos_half, sin_half = table.index_select(0, positions).chunk(2, dim=-1)
+    if a["rotary_mode"] == "half":
+        cos, sin, rotate = torch.cat((cos_half,) * 2, -1), torch.cat((sin_half,) * 2, -1), _rotate_half
+    else:
+        cos, sin = cos_half.repeat_interleave(2, -1), sin_half.repeat_interleave(2, -1)
+        rotate = _rotate_interleaved
+    outputs = []
+    for t in (query, key):
+        heads = t.view(t.shape[0], -1, head_size)
+        rot, passed = heads[..., :rotary_dim], heads[..., rotary_dim:]
+        c, s = cos.unsqueeze(1).to(t.dtype), sin.unsqueeze(1).to(t.dtype)
+        outputs.append(torch.cat((rot * c + rotate(rot) * s, passed), dim=-1).reshape(t.shape))
+    return outputs[0], outputs[1]
 
 
 # ---- npu_mm_all_reduce_base (MatmulAllReduce, documented formula) ----

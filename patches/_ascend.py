@@ -1,0 +1,54 @@
+"""What the vllm-ascend bindings share: finding a hook in vllm-ascend, and naming its version
+when it is not where the binding expects it."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+from rollout_ext.patches._base import PatchError
+
+
+def ascend_label() -> str:
+    from rollout_ext.platform import vllm_ascend_version
+
+    return f"vllm-ascend {vllm_ascend_version() or '(not importable)'}"
+
+
+def require_hook(patch: str, module_name: str, qualname: str):
+    """`module_name`'s attribute path `qualname` (e.g. "AscendRowParallelLinear.forward"); PatchError
+    naming the patch, the vllm-ascend version and the missing hook when it is not there."""
+    try:
+        owner = importlib.import_module(module_name)
+    except Exception as e:  # vllm-ascend's modules import torch_npu and much else
+        raise PatchError(f"rollout_ext patch {patch!r}: importing {module_name} failed on {ascend_label()}: {e!r}") from e
+    for part in qualname.split("."):
+        # The class's own attribute, or an inherited one: a hook is what the class resolves.
+        found = getattr(owner, part, None)
+        if found is None:
+            raise PatchError(
+                f"rollout_ext patch {patch!r}: {ascend_label()} has no {module_name}.{qualname} "
+                f"(missing hook); the upstream code moved and this binding needs updating"
+            )
+        owner = found
+    return owner
+
+
+def require_params(patch: str, func, params: list[str]) -> None:
+    """Like _base.require_signature, but names the vllm-ascend version."""
+    found = [p for p in inspect.signature(func).parameters if p != "self"]
+    if found[: len(params)] != params:
+        raise PatchError(
+            f"rollout_ext patch {patch!r}: {func.__qualname__} has parameters {found}, expected {params} "
+            f"({ascend_label()}). The upstream code moved; this binding needs updating."
+        )
+
+
+def require_own(patch: str, cls: type, attr: str) -> None:
+    """The hook must be defined on `cls` itself: a swap on an inherited method would change the
+    base class's behaviour for every other subclass."""
+    if attr not in cls.__dict__:
+        raise PatchError(
+            f"rollout_ext patch {patch!r}: {ascend_label()}: {cls.__qualname__} no longer defines {attr} "
+            f"itself (missing hook); this binding needs updating"
+        )

@@ -1,0 +1,203 @@
+"""The plugin's modules: one record each. Everything else derives from this table.
+
+A record names the module's switch (the ExtConfig field of the same name, ROLLOUT_EXT_<NAME>),
+the patch that binds it on each stack and what that patch hooks there, or why it does not bind
+there; whether it is NPU-only, whether it does anything at tensor_parallel_size=1, and which other
+modules it cannot run with. Config, the patch selection, the status line, doctor, the check CLI,
+the benchmarks and the equivalence helpers read it. Pure data: importing it imports no vLLM.
+
+Stacks (rollout_ext.platform.stack()): "vllm" is stock vLLM's classes; "ascend-main" and
+"ascend-0.23" are vllm-ascend's out-of-tree classes (AscendRotaryEmbedding,
+AscendRowParallelLinear, NPUModelRunner, ...), which replace the stock ones when it is installed.
+
+States a module ends in, per process:
+- active: its patch hooked the classes this process builds;
+- upstream: vllm-ascend already does this here (nothing applied twice);
+- inert: nothing to do here (e.g. TP=1), known once the engine config exists;
+- refused: it cannot bind here (the reason says why, naming the version);
+- off: switched off.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+ACTIVE, UPSTREAM, INERT, REFUSED, OFF = "active", "upstream", "inert", "refused", "off"
+STATES = (ACTIVE, UPSTREAM, INERT, REFUSED, OFF)
+
+
+class Binding(msgspec.Struct, frozen=True, kw_only=True):
+    """How a module binds on one stack: a patch and the upstream names it hooks, or a refusal."""
+
+    patch: str | None = None
+    hooks: tuple[str, ...] = ()
+    # Why it does not bind on this stack (patch is None); the version is added when reported.
+    refusal: str = ""
+
+
+class Module(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    summary: str
+    stacks: dict[str, Binding]
+    npu_only: bool = False
+    # Does nothing at tensor_parallel_size=1.
+    needs_tp: bool = False
+    # (other module, why they clash and how to resolve it); listed once, on either record.
+    conflicts: tuple[tuple[str, str], ...] = ()
+    # Old vllm-ascend switches that mean this module.
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def switch(self) -> str:
+        return f"ROLLOUT_EXT_{self.name.upper()}"
+
+
+_ASCEND_ROPE = Binding(
+    patch="rope_cache_ascend",
+    hooks=(
+        "vllm_ascend.ops.rotary_embedding.AscendRotaryEmbedding.forward_oot",
+        "vllm_ascend.worker.model_runner_v1.update_cos_sin (called by NPUModelRunner.execute_model)",
+    ),
+)
+_ASCEND_MC2 = Binding(
+    patch="mc2_ascend",
+    hooks=(
+        "vllm_ascend.ops.linear.AscendRowParallelLinear.__init__",
+        "vllm_ascend.ops.linear.AscendRowParallelLinear.forward",
+    ),
+)
+_NOT_ON_ASCEND = (
+    "not bound to vllm-ascend's classes: its hooks are stock vLLM's, which vllm-ascend replaces "
+    "({hooks}), and no binding to the Ascend classes has been verified"
+)
+_FAV2_ON_ASCEND = (
+    "AscendAttentionBackendImpl._forward_prefill_no_cache, the method FAV2 replaces, does not exist; "
+    "prefill runs through forward_fused_infer_attention (npu_fused_infer_attention_score on paged "
+    "KV, TND layout), which FAV2's whole-prompt kernel cannot replace safely"
+)
+
+MODULES: tuple[Module, ...] = (
+    Module(
+        name="rope_cache",
+        summary="rope cos/sin gathered once per step, not once per layer",
+        stacks={
+            "vllm": Binding(
+                patch="rope_cache",
+                hooks=(
+                    "vllm.model_executor.layers.rotary_embedding.base.RotaryEmbedding.forward",
+                    "vllm.model_executor.layers.rotary_embedding.base.RotaryEmbedding.__init__",
+                    "vllm.v1.worker.gpu_model_runner.GPUModelRunner._model_forward",
+                ),
+            ),
+            "ascend-main": _ASCEND_ROPE,
+            "ascend-0.23": _ASCEND_ROPE,
+        },
+    ),
+    Module(
+        name="mc2",
+        summary="RowParallelLinear matmul + all-reduce fused (torch_npu.npu_mm_all_reduce_base)",
+        stacks={
+            "vllm": Binding(
+                patch="mc2_row_parallel",
+                hooks=("vllm.model_executor.layers.linear.RowParallelLinear (PluggableLayer.register_oot)",),
+            ),
+            "ascend-main": _ASCEND_MC2,
+            "ascend-0.23": _ASCEND_MC2,
+        },
+        needs_tp=True,
+        conflicts=(
+            ("flashcomm", "both replace the all-reduce after RowParallelLinear. Keep one: mc2 for TP8 "
+                          "prefill-heavy runs, flashcomm otherwise."),
+        ),
+        aliases=("VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE",),
+    ),
+    Module(
+        name="flashcomm",
+        summary="all-reduce split into reduce-scatter + all-gather around RMSNorm",
+        stacks={
+            "vllm": Binding(
+                patch="flashcomm",
+                hooks=(
+                    "vllm.model_executor.models.qwen2.Qwen2Model.__call__",
+                    "vllm.model_executor.models.llama.LlamaModel.__call__",
+                    "vllm.model_executor.layers.linear.ColumnParallelLinear.forward",
+                    "vllm.model_executor.layers.linear.RowParallelLinear.forward",
+                ),
+            ),
+            "ascend-main": Binding(refusal=_NOT_ON_ASCEND.format(
+                hooks="AscendRowParallelLinear, AscendColumnParallelLinear and their custom-op dispatch")),
+            "ascend-0.23": Binding(refusal=_NOT_ON_ASCEND.format(
+                hooks="AscendRowParallelLinear, AscendColumnParallelLinear; 0.23 has its own flashcomm1, "
+                      "VLLM_ASCEND_ENABLE_FLASHCOMM1")),
+        },
+        needs_tp=True,
+        conflicts=(
+            ("mlp_only_tp", "flashcomm shards tokens across ranks, and MLP-only TP's replicated attention "
+                            "needs every token. Keep one."),
+        ),
+        aliases=("VLLM_ASCEND_ENABLE_FLASHCOMM", "VLLM_ASCEND_ENABLE_FLASHCOMM1"),
+    ),
+    Module(
+        name="mlp_only_tp",
+        summary="attention replicated on every TP rank, only the MLP sharded",
+        stacks={
+            "vllm": Binding(
+                patch="mlp_only_tp",
+                hooks=(
+                    "vllm.model_executor.models.qwen2.Qwen2Attention.__init__",
+                    "vllm.model_executor.models.llama.LlamaAttention.__init__",
+                    "vllm.config.ModelConfig.get_num_attention_heads",
+                    "vllm.config.ModelConfig.get_num_kv_heads",
+                ),
+            ),
+            "ascend-main": Binding(refusal=_NOT_ON_ASCEND.format(
+                hooks="AscendQKVParallelLinear, AscendRowParallelLinear; main's own MLP TP is MoE-only")),
+            "ascend-0.23": Binding(refusal=_NOT_ON_ASCEND.format(
+                hooks="AscendQKVParallelLinear, AscendRowParallelLinear")),
+        },
+        needs_tp=True,
+        aliases=("VLLM_ASCEND_ENABLE_MLP_OPTIMIZE",),
+    ),
+    Module(
+        name="fav2",
+        summary="prefill attention through ATB FlashAttention v2 (needs chunked prefill off)",
+        stacks={
+            "vllm": Binding(
+                patch="fav2_attention",
+                hooks=("vllm_ascend.attention.attention_v1.AscendAttentionBackendImpl._forward_prefill_no_cache",),
+            ),
+            "ascend-main": Binding(refusal=_FAV2_ON_ASCEND),
+            "ascend-0.23": Binding(refusal=_FAV2_ON_ASCEND),
+        },
+        npu_only=True,
+    ),
+)
+
+BY_NAME: dict[str, Module] = {m.name: m for m in MODULES}
+NAMES: tuple[str, ...] = tuple(BY_NAME)
+
+
+def get(name: str) -> Module:
+    if name not in BY_NAME:
+        raise KeyError(f"unknown rollout_ext module {name!r}; known: {', '.join(NAMES)}")
+    return BY_NAME[name]
+
+
+def aliases() -> dict[str, str]:
+    """Old vllm-ascend switch -> module name."""
+    return {alias: m.name for m in MODULES for alias in m.aliases}
+
+
+def conflict_pairs() -> list[tuple[str, str, str]]:
+    """(module, other module, why) for every pair of modules that cannot run together."""
+    return [(m.name, other, why) for m in MODULES for other, why in m.conflicts]
+
+
+def off_env() -> dict[str, str]:
+    """Every module switch set to 0."""
+    return {m.switch: "0" for m in MODULES}
+
+
+def switches_on(names) -> dict[str, str]:
+    """The switches that turn `names` on, e.g. ("rope_cache", "mc2")."""
+    return {get(name).switch: "1" for name in names}
