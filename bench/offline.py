@@ -33,19 +33,14 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout without installing
     sys.path.insert(0, str(REPO_ROOT))
 
+from rollout_ext import modules as module_table  # noqa: E402
 from rollout_ext.testing.tiny_model import build_tiny_model, default_model_dir  # noqa: E402
 
 # Single modules and the switch each one turns on.
-MODULE_SWITCHES = {
-    "rope_cache": "ROLLOUT_EXT_ROPE_CACHE",
-    "mc2": "ROLLOUT_EXT_MC2",
-    "flashcomm": "ROLLOUT_EXT_FLASHCOMM",
-    "mlp_only_tp": "ROLLOUT_EXT_MLP_ONLY_TP",
-    "fav2": "ROLLOUT_EXT_FAV2",
-}
+MODULE_SWITCHES = {m.name: m.switch for m in module_table.MODULES}
 # Named sets of modules. flashcomm is left out of `all`: it conflicts with mc2 and mlp_only_tp.
 PRESETS = {"off": (), "all": ("rope_cache", "mc2", "mlp_only_tp")}
-NPU_ONLY_MODULES = {"fav2"}
+NPU_ONLY_MODULES = {m.name for m in module_table.MODULES if m.npu_only}
 THRESHOLD_SWITCHES = ("ROLLOUT_EXT_MC2_MIN_TOKENS", "ROLLOUT_EXT_FLASHCOMM_MIN_TOKENS")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 KV_CACHE_BYTES = 256 * 2**20  # the default gpu_memory_utilization sizing fails on CPU

@@ -10,7 +10,12 @@ Why: FAV2 measured faster than the default prefill kernel for long rollout promp
 prefill is off (the config refuses FAV2 with chunked prefill: the kernel takes whole prompts).
 Devices: on anything but an Ascend NPU with torch_npu, and on an NPU without vllm-ascend, apply()
 raises PatchError naming this patch and the device (in strict mode that fails the engine start).
-Verification: only the refusal runs where this project is developed (CPU). The vllm-ascend hook has
+vllm-ascend 0.23.0 and main have no `_forward_prefill_no_cache`: their prefill goes through
+`forward_fused_infer_attention` (npu_fused_infer_attention_score over paged KV in TND layout), which
+this whole-prompt kernel cannot replace safely, so there the patch refuses, naming the vllm-ascend
+version (checked on CPU against main's source under the torch_npu emulation, and statically
+against the 0.23.0 wheel).
+Verification: only the refusals run where this project is developed (CPU). The vllm-ascend hook has
 never run here: it is written against vllm-ascend's attention_v1.py (the v0.11-era layout, where
 `_forward_prefill_no_cache(self, query, key, value, attn_metadata, output, num_tokens)` receives
 [T, heads, head_size] tensors and host `attn_metadata.seq_lens`); the signature guard refuses other
@@ -24,10 +29,10 @@ Undo: revert().
 from __future__ import annotations
 
 import functools
-import importlib
 import importlib.util
 import logging
 
+from rollout_ext.patches._ascend import require_hook
 from rollout_ext.patches._base import PatchError, Swaps, require_signature, require_vllm
 
 NAME = "fav2_attention"
@@ -90,15 +95,9 @@ def apply(cfg) -> None:
         return
     require_vllm(NAME)
     require_npu()
-    module = importlib.import_module(ASCEND_ATTENTION)
-    impl = getattr(module, ASCEND_IMPL, None)
-    original = getattr(impl, PREFILL_METHOD, None)
-    if original is None:
-        raise PatchError(
-            f"rollout_ext patch {NAME!r}: {ASCEND_ATTENTION}.{ASCEND_IMPL}.{PREFILL_METHOD} not found; "
-            "this vllm-ascend has another attention layout and the patch needs updating."
-        )
+    original = require_hook(NAME, ASCEND_ATTENTION, f"{ASCEND_IMPL}.{PREFILL_METHOD}")
     require_signature(NAME, original, PREFILL_PARAMS)
+    impl = require_hook(NAME, ASCEND_ATTENTION, ASCEND_IMPL)
     _swaps.replace(impl, PREFILL_METHOD, _fav2_prefill(original))
     logger.info("rollout_ext %s: %s.%s routed to ATB FAV2", NAME, ASCEND_IMPL, PREFILL_METHOD)
 

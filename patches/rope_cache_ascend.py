@@ -42,7 +42,7 @@ import inspect
 import torch
 
 from rollout_ext.patches import rope_cache
-from rollout_ext.patches._ascend import require_hook, require_own, require_params
+from rollout_ext.patches._ascend import ascend_label, require_hook, require_own, require_params
 from rollout_ext.patches._base import PatchError, Swaps, require_vllm
 from rollout_ext.patches._compile_key import add_compile_key
 
@@ -152,16 +152,16 @@ def check_upstream():
     rope_module = importlib.import_module(ROPE_MODULE)
     for buffer in ("_cos", "_sin", "_cos_sin_cache"):
         if buffer not in vars(rope_module):
-            raise PatchError(f"rollout_ext patch {NAME!r}: {ROPE_MODULE} has no per-step buffer {buffer} "
+            raise PatchError(f"rollout_ext patch {NAME!r}: {ascend_label()}: {ROPE_MODULE} has no per-step buffer {buffer} "
                              f"(missing hook); the upstream code moved and this binding needs updating")
     runner_cls = require_hook(NAME, RUNNER_MODULE, "NPUModelRunner")
     runner_module = importlib.import_module(RUNNER_MODULE)
     if getattr(runner_module, "update_cos_sin", None) is not update:
-        raise PatchError(f"rollout_ext patch {NAME!r}: {RUNNER_MODULE} no longer calls {ROPE_MODULE}.update_cos_sin "
+        raise PatchError(f"rollout_ext patch {NAME!r}: {ascend_label()}: {RUNNER_MODULE} no longer calls {ROPE_MODULE}.update_cos_sin "
                          f"by that name (missing hook); this binding needs updating")
     execute = require_hook(NAME, RUNNER_MODULE, "NPUModelRunner.execute_model")
     if "update_cos_sin(" not in inspect.getsource(execute):
-        raise PatchError(f"rollout_ext patch {NAME!r}: {runner_cls.__qualname__}.execute_model no longer calls "
+        raise PatchError(f"rollout_ext patch {NAME!r}: {ascend_label()}: {runner_cls.__qualname__}.execute_model no longer calls "
                          f"update_cos_sin once per step (missing hook); this binding needs updating")
     return rope_cls, rope_module, runner_module
 

@@ -1,4 +1,7 @@
-"""Command line: `python -m rollout_ext doctor [--json]`, `env --preset NAME`, and `check --model DIR`."""
+"""Command line: `python -m rollout_ext doctor [--json]`, `env --preset NAME`, and `check --model DIR`.
+
+`doctor` binds every enabled module the way the plugin would in an engine process (and reverts it),
+so the state it reports for each module (active, upstream, inert, refused, off) is what bound here."""
 
 from __future__ import annotations
 
@@ -10,19 +13,36 @@ from rollout_ext import __version__
 from rollout_ext.config import ConfigError, ExtConfig
 
 
-def module_support(device: str, vllm_ok: bool) -> dict[str, dict]:
-    neutral = "device-neutral torch path" if device != "npu" else "NPU kernels"
-    table = {
-        "rope_cache": (vllm_ok, neutral),
-        "mc2": (vllm_ok, "fused torch_npu kernel" if device == "npu" else "reference matmul+all-reduce (gain is NPU-only)"),
-        "flashcomm": (vllm_ok, neutral + "; needs TP>1"),
-        "mlp_only_tp": (vllm_ok, neutral + "; needs TP>1"),
-        "fav2": (vllm_ok and device == "npu", "NPU only (ATB FlashAttention v2)"),
-    }
-    return {name: {"supported": ok, "path": how} for name, (ok, how) in table.items()}
+def module_report(cfg: ExtConfig) -> dict[str, dict]:
+    """Each module's state in a process like this one: its patch is really applied (and then
+    reverted), so a module reported active has bound to the classes this process would build."""
+    import msgspec
+
+    from rollout_ext import modules, plugin
+
+    trial = msgspec.structs.replace(cfg, strict=False)
+    applied, states = plugin.apply_patches(trial)
+    from rollout_ext import patches
+
+    while applied:
+        patches.load(applied.pop()).revert()
+    report = {}
+    for module in modules.MODULES:
+        state = states[module.name]
+        if state.state == modules.ACTIVE and module.needs_tp and cfg.tp_size == 1:
+            state = msgspec.structs.replace(state, state=modules.INERT, detail="tensor_parallel_size=1")
+        binding = module.stacks[state.stack]
+        report[module.name] = {
+            "state": state.state, "enabled": getattr(cfg, module.name), "stack": state.stack,
+            "patch": binding.patch, "hooks": list(binding.hooks), "detail": state.detail,
+            "npu_only": module.npu_only,
+        }
+    return report
 
 
 def doctor(args) -> int:
+    import logging
+
     from rollout_ext import platform
     from rollout_ext.patches._base import SUPPORTED_VLLM
     from packaging.specifiers import SpecifierSet
@@ -37,12 +57,15 @@ def doctor(args) -> int:
     device = platform.device_type()
     version = platform.vllm_version()
     vllm_ok = version is not None and version in SpecifierSet(SUPPORTED_VLLM)
-    modules = module_support(device, vllm_ok)
-    for name, entry in modules.items():
-        entry["enabled"] = getattr(cfg, name)
+    # The trial bind logs each refusal; the report carries them.
+    logging.getLogger("vllm.rollout_ext").setLevel(logging.CRITICAL)
+    modules = module_report(cfg)
+    refused = [name for name, entry in modules.items() if entry["state"] == "refused"]
     report = {
         "rollout_ext": __version__,
         "device": device,
+        "stack": platform.stack(),
+        "vllm_ascend": platform.vllm_ascend_version(),
         "versions": platform.versions(cfg.ascend_toolkit_home),
         "vllm_supported_range": SUPPORTED_VLLM,
         "vllm_in_range": vllm_ok,
@@ -54,21 +77,25 @@ def doctor(args) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print(f"rollout_ext {__version__}  device={device}")
+        print(f"rollout_ext {__version__}  device={device}  stack={report['stack']}")
         for key, value in report["versions"].items():
             print(f"  {key:18} {value or '-'}")
         print(f"  vLLM range {SUPPORTED_VLLM}: {'ok' if vllm_ok else 'NOT SUPPORTED'}")
         print("modules:")
         for name, entry in modules.items():
-            state = "on " if entry["enabled"] else "off"
-            ok = "supported" if entry["supported"] else "unsupported"
-            print(f"  {name:12} {state} {ok:11} {entry['path']}")
+            print(f"  {name:12} {entry['state']:8} {entry['patch'] or '-'}")
+            if entry["detail"]:
+                print(f"  {'':12} {entry['detail']}")
         for w in report["warnings"]:
             print(f"warning: {w}")
         for c in report["conflicts"]:
             print(f"CONFLICT: {c}")
     if report["conflicts"]:
         print(f"rollout_ext: {len(report['conflicts'])} conflict(s); see above", file=sys.stderr)
+        return 1
+    if refused and cfg.strict:
+        print(f"rollout_ext: refused with ROLLOUT_EXT_STRICT=1, the engine would not start: {', '.join(refused)}",
+              file=sys.stderr)
         return 1
     return 0
 
@@ -98,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rollout_ext", description=__doc__)
     parser.add_argument("--version", action="version", version=f"rollout_ext {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("doctor", help="platform, versions, modules and conflicts; exits 1 on a conflict")
+    p = sub.add_parser("doctor", help="platform, versions, module states and conflicts; exits 1 on a conflict or a strict refusal")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--tp", type=int, help="check against this tensor_parallel_size")
     p.add_argument("--enforce-eager", action="store_true", help="with --tp: the engine runs eager")

@@ -12,7 +12,8 @@ import random
 import sys
 from pathlib import Path
 
-from rollout_ext.config import MODULES, ConfigError, ExtConfig
+from rollout_ext import modules
+from rollout_ext.config import ConfigError, ExtConfig
 from rollout_ext.testing.equivalence import OFF_ENV
 from rollout_ext.testing.greedy import GreedySpec, run_greedy
 
@@ -37,12 +38,11 @@ def parse_switches(items: list[str]) -> dict[str, str]:
 
 def variant_env(name: str) -> dict[str, str]:
     """'rope_cache+flashcomm' -> the switches that turn those modules on."""
-    env = {}
-    for module in name.split("+"):
-        if module not in MODULES:
-            raise ValueError(f"--variant {name!r}: unknown module {module!r}; known: {', '.join(MODULES)}")
-        env[f"ROLLOUT_EXT_{module.upper()}"] = "1"
-    return env
+    names = name.split("+")
+    for module in names:
+        if module not in modules.BY_NAME:
+            raise ValueError(f"--variant {name!r}: unknown module {module!r}; known: {', '.join(modules.NAMES)}")
+    return modules.switches_on(names)
 
 
 def compare(on, off) -> dict:
@@ -93,7 +93,7 @@ def add_parser(sub) -> None:
     p.add_argument("--model", required=True, help="local HF checkpoint folder")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--variant", action="append", metavar="MODULE[+MODULE]",
-                   help=f"modules to switch on together, e.g. rope_cache+flashcomm (repeatable; default rope_cache); modules: {', '.join(MODULES)}")
+                   help=f"modules to switch on together, e.g. rope_cache+flashcomm (repeatable; default rope_cache); modules: {', '.join(modules.NAMES)}")
     p.add_argument("--set", action="append", default=[], metavar="ROLLOUT_EXT_NAME=VALUE",
                    help="an extra setting for every variant run, e.g. ROLLOUT_EXT_FLASHCOMM_MIN_TOKENS=1")
     p.add_argument("--enforce-eager", action="store_true")

@@ -70,10 +70,9 @@ _NOT_ON_ASCEND = (
     "not bound to vllm-ascend's classes: its hooks are stock vLLM's, which vllm-ascend replaces "
     "({hooks}), and no binding to the Ascend classes has been verified"
 )
-_FAV2_ON_ASCEND = (
-    "AscendAttentionBackendImpl._forward_prefill_no_cache, the method FAV2 replaces, does not exist; "
-    "prefill runs through forward_fused_infer_attention (npu_fused_infer_attention_score on paged "
-    "KV, TND layout), which FAV2's whole-prompt kernel cannot replace safely"
+_FAV2 = Binding(
+    patch="fav2_attention",
+    hooks=("vllm_ascend.attention.attention_v1.AscendAttentionBackendImpl._forward_prefill_no_cache",),
 )
 
 MODULES: tuple[Module, ...] = (
@@ -161,14 +160,9 @@ MODULES: tuple[Module, ...] = (
     Module(
         name="fav2",
         summary="prefill attention through ATB FlashAttention v2 (needs chunked prefill off)",
-        stacks={
-            "vllm": Binding(
-                patch="fav2_attention",
-                hooks=("vllm_ascend.attention.attention_v1.AscendAttentionBackendImpl._forward_prefill_no_cache",),
-            ),
-            "ascend-main": Binding(refusal=_FAV2_ON_ASCEND),
-            "ascend-0.23": Binding(refusal=_FAV2_ON_ASCEND),
-        },
+        # The patch refuses without an NPU, and on vllm-ascend main and 0.23.0, which have no
+        # _forward_prefill_no_cache (prefill runs through npu_fused_infer_attention_score on paged KV).
+        stacks={"vllm": _FAV2, "ascend-main": _FAV2, "ascend-0.23": _FAV2},
         npu_only=True,
     ),
 )

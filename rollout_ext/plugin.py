@@ -68,36 +68,34 @@ def stack_label(stack: str) -> str:
 
 
 def _refusal(module: modules.Module, stack: str, reason: str) -> str:
-    return (
-        f"rollout_ext module {module.name!r} cannot bind on {stack_label(stack)}: {reason}. "
-        f"Set {module.switch}=0, or ROLLOUT_EXT_STRICT=0 to run without it."
+    reason = reason.rstrip(". ")
+    advice = (
+        "Or set ROLLOUT_EXT_STRICT=0 to run without it." if module.switch in reason
+        else f"Set {module.switch}=0, or ROLLOUT_EXT_STRICT=0 to run without it."
     )
+    return f"rollout_ext module {module.name!r} cannot bind on {stack_label(stack)}: {reason}. {advice}"
 
 
 def apply_patches(cfg: ExtConfig, stack: str | None = None) -> tuple[list[str], dict[str, ModuleState]]:
     """Apply the infrastructure patches, then bind each enabled module on `stack` (this process's
-    by default). Returns the patches applied and every module's state. A module that cannot bind
-    raises PatchError under strict mode (after reverting what this call applied); otherwise it is
-    logged and recorded as refused."""
+    by default). Returns the patches applied and every module's state. Under strict mode every
+    patch that cannot apply and every module that cannot bind is collected into one PatchError,
+    raised after reverting what this call applied; otherwise each is logged and recorded."""
     from rollout_ext import patches
     from rollout_ext.platform import stack as current_stack
 
     stack = stack or current_stack()
     applied: list[str] = []
     states: dict[str, ModuleState] = {}
-
-    def fail(error: patches.PatchError):
-        while applied:
-            patches.load(applied.pop()).revert()
-        raise error
+    failures: list[str] = []
 
     for name in patches.INFRASTRUCTURE:
         try:
             patches.load(name).apply(cfg)
         except patches.PatchError as e:
-            if cfg.strict:
-                fail(e)
-            logger.error("rollout_ext: %s; leaving vLLM unpatched for %s (ROLLOUT_EXT_STRICT=0)", e, name)
+            failures.append(str(e))
+            if not cfg.strict:
+                logger.error("rollout_ext: %s; leaving vLLM unpatched for %s (ROLLOUT_EXT_STRICT=0)", e, name)
             continue
         applied.append(name)
 
@@ -119,10 +117,20 @@ def apply_patches(cfg: ExtConfig, stack: str | None = None) -> tuple[list[str], 
                 if result in (modules.UPSTREAM, modules.INERT):
                     state = result
         if state == modules.REFUSED:
-            if cfg.strict:
-                fail(patches.PatchError(detail))
-            logger.error("%s (ROLLOUT_EXT_STRICT=0: running without it)", detail)
+            failures.append(detail)
+            if not cfg.strict:
+                logger.error("%s (ROLLOUT_EXT_STRICT=0: running without it)", detail)
         states[module.name] = ModuleState(state=state, stack=stack, patch=binding.patch, detail=detail)
+
+    if failures and cfg.strict:
+        while applied:
+            patches.load(applied.pop()).revert()
+        if len(failures) == 1:
+            raise patches.PatchError(failures[0])
+        raise patches.PatchError(
+            f"rollout_ext: {len(failures)} patches cannot apply (ROLLOUT_EXT_STRICT=1):\n"
+            + "\n".join(f"  - {f}" for f in failures)
+        )
     return applied, states
 
 

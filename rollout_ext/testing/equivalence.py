@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rollout_ext import modules
 from rollout_ext.testing.greedy import GreedyResult, GreedySpec
 
 # Mixed lengths: a long prompt exceeds small token thresholds and, with a small batch budget,
@@ -16,14 +17,7 @@ MAX_TOKENS = 12
 MAX_NUM_BATCHED_TOKENS = 64
 
 # Plugin loaded, every module off: the reference every module is compared with.
-OFF_ENV = {
-    "VLLM_PLUGINS": "rollout_ext",
-    "ROLLOUT_EXT_ROPE_CACHE": "0",
-    "ROLLOUT_EXT_MC2": "0",
-    "ROLLOUT_EXT_FLASHCOMM": "0",
-    "ROLLOUT_EXT_MLP_ONLY_TP": "0",
-    "ROLLOUT_EXT_FAV2": "0",
-}
+OFF_ENV = {"VLLM_PLUGINS": "rollout_ext", **modules.off_env()}
 
 
 def module_env(**switches: str) -> dict[str, str]:

@@ -18,11 +18,14 @@ its NPUWorker makes (`vllm_ascend.utils.register_ascend_customop(vllm_config)`).
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import types
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 EMU_DIR = REPO_ROOT / "tests" / "contract" / "emu"
 UPSTREAM_NAME = "vllm-ascend-main-182b75e"
 DEFAULT_UPSTREAM = REPO_ROOT.parent / "shared" / "upstream" / UPSTREAM_NAME
@@ -94,3 +97,19 @@ def register_ops(vllm_config) -> None:
 
     register_ascend_customop(vllm_config)
     init_ascend_config(vllm_config)
+
+
+def run_scenario(script: str, *args: str, env: dict[str, str] | None = None, timeout_s: float = 240) -> str:
+    """Run scenarios/<script> in a fresh process (the emulation cannot be undone in the test's own
+    process); returns stdout and stderr together, failing with them when the script fails."""
+    from rollout_ext.config import environ_copy
+    from rollout_ext.testing.dist import free_port
+
+    full_env = {k: v for k, v in environ_copy().items() if not k.startswith("ROLLOUT_EXT_")}
+    full_env.update({"VLLM_PLUGINS": "", "VLLM_DIST_IDENT": f"ascend-lane-{free_port()}", **(env or {})})
+    proc = subprocess.run(
+        [sys.executable, str(SCENARIOS / script), *args], env=full_env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, timeout=timeout_s, cwd=REPO_ROOT,
+    )
+    assert proc.returncode == 0, f"{script} {args} failed (rc={proc.returncode}):\n{proc.stdout[-6000:]}"
+    return proc.stdout

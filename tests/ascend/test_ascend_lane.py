@@ -1,0 +1,155 @@
+"""The modules on vllm-ascend main's real classes, on CPU under the torch_npu emulation.
+
+What runs for real here: vllm-ascend's Python source (../shared/upstream, commit 182b75e), vLLM
+0.27.1, torch, gloo. What is emulated: every torch_npu op (bound to the real 2.14 schema, documented
+math) and the HCCL backend (gloo underneath). No NPU kernel runs; see docs/modules.md.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from lane import run_scenario
+
+from rollout_ext.testing.dist import free_port
+
+ASCEND_VERSION = "vllm-ascend main (source tree)"
+
+
+def _report(output: str, prefix: str) -> list[dict]:
+    return [json.loads(line.split(prefix, 1)[1]) for line in output.splitlines() if prefix in line]
+
+
+@pytest.mark.parametrize("tp, dtype", [(1, "float32"), (2, "float32"), (2, "bfloat16")])
+def test_qwen2_decoder_binds_rope_and_mc2_on_ascend_classes(ascend_upstream, tp, dtype):
+    output = run_scenario("qwen2_modules.py", str(free_port()), str(tp), dtype)
+    reports = _report(output, ": ok ")
+    assert len(reports) == tp, output[-4000:]
+    for report in reports:
+        layers = report["layers"]
+        # Unpatched, vllm-ascend's rope gathers inside torch_npu.npu_mrope in every layer.
+        assert report["unpatched_calls"] == {"npu_mrope": layers}
+        # Bound: one gather per step (the runner's update_cos_sin), the fused rotary per layer.
+        assert report["rope"]["step_gathers"] == 1 and report["rope"]["layer_gathers"] == 0
+        assert report["patched_calls"].get("npu_apply_rotary_pos_emb") == layers
+        assert "npu_mrope" not in report["patched_calls"]
+        # mc2: MC2 for o_proj and down_proj at prefill size, only where the op applies (TP>1, bf16).
+        fused = 2 * layers if (tp > 1 and dtype == "bfloat16") else 0
+        assert report["patched_calls"].get("npu_mm_all_reduce_base", 0) == fused
+        assert report["mc2"] == {"calls": 4 * layers if tp > 1 else 0, "fused": fused}
+
+
+def _delete_method(path, class_name: str, method: str) -> None:
+    source = path.read_text()
+    tree = ast.parse(source)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name)
+    func = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == method)
+    lines = source.splitlines(keepends=True)
+    start = (func.decorator_list[0].lineno if func.decorator_list else func.lineno) - 1
+    del lines[start:func.end_lineno]
+    path.write_text("".join(lines))
+
+
+def _drop_call(path, class_name: str, method: str, call: str) -> None:
+    source = path.read_text()
+    tree = ast.parse(source)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name)
+    func = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == method)
+    lines = source.splitlines(keepends=True)
+    body = "".join(lines[func.lineno - 1:func.end_lineno])
+    assert call in body
+    lines[func.lineno - 1:func.end_lineno] = [body.replace(call, "pass  # " + call.replace("(", "["))]
+    path.write_text("".join(lines))
+
+
+MOVES = {
+    "rope forward_oot deleted": (
+        "rope_cache_ascend", "ops/rotary_embedding.py",
+        lambda p: _delete_method(p, "AscendRotaryEmbedding", "forward_oot"),
+        "AscendRotaryEmbedding no longer defines forward_oot",
+    ),
+    "runner stops calling update_cos_sin": (
+        "rope_cache_ascend", "worker/model_runner_v1.py",
+        lambda p: _drop_call(p, "NPUModelRunner", "execute_model", "update_cos_sin(positions)"),
+        "execute_model no longer calls update_cos_sin",
+    ),
+    "row-parallel forward deleted": (
+        "mc2_ascend", "ops/linear.py",
+        lambda p: _delete_method(p, "AscendRowParallelLinear", "forward"),
+        "AscendRowParallelLinear no longer defines forward",
+    ),
+}
+
+
+def _guards(upstream) -> dict:
+    reports = _report(run_scenario("guards.py", str(upstream)), "GUARDS ")
+    assert len(reports) == 1
+    return reports[0]
+
+
+def test_guards_pass_on_the_real_source(ascend_upstream):
+    assert _guards(ascend_upstream) == {"rope_cache_ascend": None, "mc2_ascend": None}
+
+
+@pytest.mark.parametrize("move", sorted(MOVES))
+def test_guard_trips_when_a_hooked_method_moves(ascend_upstream, tmp_path, move):
+    patch, relative, edit, expected = MOVES[move]
+    copy = tmp_path / "upstream"
+    shutil.copytree(ascend_upstream / "vllm_ascend", copy / "vllm_ascend")
+    edit(copy / "vllm_ascend" / relative)
+    results = _guards(copy)
+    assert expected in results[patch] and ASCEND_VERSION in results[patch] and "missing hook" in results[patch]
+    # The other binding's hooks are untouched: its guard still passes on the same copy.
+    assert all(error is None for name, error in results.items() if name != patch), results
+
+
+def test_strict_refusal_stops_the_engine_start(ascend_upstream, tiny_qwen2):
+    env = {"VLLM_PLUGINS": "rollout_ext", "ROLLOUT_EXT_STRICT": "1"}
+    refused = run_scenario("engine_start.py", str(tiny_qwen2), env={**env, "ROLLOUT_EXT_FAV2": "1"})
+    line = next(ln for ln in refused.splitlines() if ln.startswith("ENGINE "))
+    assert line.startswith("ENGINE FAILED PatchError")
+    message = refused[refused.index(line):]
+    assert "module 'fav2' cannot bind on vllm-ascend main (source tree)" in message
+    assert "_forward_prefill_no_cache (missing hook)" in message
+    # Control: the same start without FAV2 names no module. (Here it still fails, on
+    # vllm_ascend.patch.worker, which imports torchvision, absent from this CPU stack.)
+    control = run_scenario("engine_start.py", str(tiny_qwen2), env={**env, "ROLLOUT_EXT_FAV2": "0"})
+    assert "module 'fav2'" not in control and "cannot bind" not in control
+
+
+def test_nonstrict_refusal_shows_in_status_line_and_doctor(ascend_upstream, repo_root):
+    env = {"ROLLOUT_EXT_STRICT": "0", "ROLLOUT_EXT_FAV2": "1", "ROLLOUT_EXT_MC2": "1"}
+    output = run_scenario("plugin_states.py", env=env)
+    status = next(ln for ln in output.splitlines() if "rollout_ext 0.1.0: device=" in ln)
+    assert "vllm-ascend=main (source tree)" in status
+    assert "active=[rope_cache,mc2]" in status and "refused=[fav2]" in status
+    states = _report(output, "STATES ")[0]
+    assert states["fav2"]["state"] == "refused" and ASCEND_VERSION in states["fav2"]["detail"]
+
+    code = ("import sys; sys.path.insert(0, 'tests/ascend'); import lane; lane.enter()\n"
+            "from rollout_ext.__main__ import main; sys.exit(main(['doctor', '--json']))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
+                          cwd=repo_root, env={"PATH": "/usr/bin:/bin", "VLLM_PLUGINS": "", **env})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert report["vllm_ascend"] == "main (source tree)" and report["stack"] == "ascend-main"
+    assert report["modules"]["fav2"]["state"] == "refused"
+    assert report["modules"]["rope_cache"]["state"] == "active"
+    assert report["modules"]["mc2"]["state"] == "active"
+    assert report["modules"]["rope_cache"]["patch"] == "rope_cache_ascend"
+
+
+@pytest.mark.parametrize("module", ["flashcomm", "mlp_only_tp"])
+def test_modules_not_bound_to_ascend_classes_are_refused_naming_the_version(ascend_upstream, module):
+    env = {"ROLLOUT_EXT_STRICT": "0", f"ROLLOUT_EXT_{module.upper()}": "1"}
+    output = run_scenario("plugin_states.py", env=env)
+    status = next(ln for ln in output.splitlines() if "rollout_ext 0.1.0: device=" in ln)
+    assert f"refused=[{module}]" in status and "active=[rope_cache]" in status
+    detail = _report(output, "STATES ")[0][module]["detail"]
+    assert f"module '{module}' cannot bind on {ASCEND_VERSION}" in detail
+    assert "not bound to vllm-ascend's classes" in detail
