@@ -6,11 +6,26 @@ so the state it reports for each module (active, upstream, inert, refused, off) 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 
 from rollout_ext import __version__
 from rollout_ext.config import ConfigError, ExtConfig
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def module_report(cfg: ExtConfig) -> dict[str, dict]:
@@ -59,7 +74,9 @@ def doctor(args) -> int:
     vllm_ok = version is not None and version in SpecifierSet(SUPPORTED_VLLM)
     # The trial bind logs each refusal; the report carries them.
     logging.getLogger("vllm.rollout_ext").setLevel(logging.CRITICAL)
-    modules = module_report(cfg)
+    with _stdout_to_stderr():
+        # vLLM logs to stdout when it is imported; doctor's stdout is the report alone.
+        modules = module_report(cfg)
     refused = [name for name, entry in modules.items() if entry["state"] == "refused"]
     report = {
         "rollout_ext": __version__,

@@ -176,14 +176,11 @@ def _expansion_mode(name: str, raw: str) -> str:
 
 
 # (field, parser) for every ROLLOUT_EXT_<FIELD> variable.
+# The module switches come from the module table (each is a bool field of ExtConfig).
 _SWITCHES: list[tuple[str, Callable[[str, str], object]]] = [
-    ("rope_cache", _bool),
-    ("mc2", _bool),
+    *((name, _bool) for name in modules.NAMES),
     ("mc2_min_tokens", _positive_int),
-    ("flashcomm", _bool),
     ("flashcomm_min_tokens", _positive_int),
-    ("mlp_only_tp", _bool),
-    ("fav2", _bool),
     ("strict", _bool),
     ("graph_mode", _bool),
 ]

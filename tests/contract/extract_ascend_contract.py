@@ -5,8 +5,10 @@ is imported or installed (vllm-ascend needs torch_npu and CANN). For each entry 
 records whether the class, method or function exists, its parameters in order (kind, annotation,
 default), the torch_npu / torch.ops / tracked helper calls in its body with their arguments and the
 if-tests that lead to each call, and, where a target asks for it, its return branches, chosen
-assignments and dict literals. A `package` section records the wheel's own version, its pins and the
-vLLM versions its code branches on (`vllm_version_is("...")`).
+assignments and dict literals; a class's record also lists the `self.X` its own __init__ assigns. A
+`modules` section records, for the few modules in MODULES, the names their unconditional top-level
+statements bind (assignments, defs/classes, `from X import ...`). A `package` section records the
+wheel's own version, its pins and the vLLM versions its code branches on (`vllm_version_is("...")`).
 
 Regenerate (never install the wheel):
     pip download vllm-ascend==0.23.0 --no-deps --only-binary=:all: --python-version 3.11 \
@@ -72,6 +74,7 @@ TARGETS: tuple[Target, ...] = (
     T(CUSTOM_OPS, "call:direct_register_custom_op",
       "torch.ops.vllm.* names and their python impls (npu_rotary_embedding, matmul_and_reduce, ...)"),
     # --- linear / mc2 / flashcomm1 --------------------------------------------------------------
+    T(LINEAR, "AscendRowParallelLinear", "the class mc2_ascend wraps: must define __init__ and forward itself"),
     T(LINEAR, "AscendRowParallelLinear.__init__", "o_proj/down_proj constructor; picks custom_op via get_parallel_op"),
     T(LINEAR, "AscendRowParallelLinear.forward", "the forward the mc2 module replaces; takes input_"),
     T(LINEAR, "AscendColumnParallelLinear.forward", "column forward (flashcomm all-gather side)"),
@@ -121,6 +124,14 @@ TARGETS: tuple[Target, ...] = (
     T("vllm_ascend.worker.worker", "NPUWorker.__init__", "where register_ascend_customop is called"),
 )
 # fmt: on
+
+# Modules whose own top-level bindings a binding relies on: module -> why. For each, the record lists
+# the names bound by unconditional top-level statements (not inside if/try): assignments, defs and
+# classes, and `from X import ...` bindings (X resolved when relative).
+MODULES: dict[str, str] = {
+    ROPE: "holds the per-step buffers _cos/_sin and the _cos_sin_cache table as module globals",
+    RUNNER: "binds update_cos_sin by from-import: swapping this module's global reaches execute_model's call",
+}
 
 # Calls recorded inside a target's body: dotted names with these prefixes, or whose last part is here.
 CALL_PREFIXES = ("torch_npu.", "torch.ops.", "DeviceOperator.", "device_utils.")
@@ -344,11 +355,51 @@ def _record_def(node: ast.FunctionDef | ast.AsyncFunctionDef, target: Target, ki
     return rec
 
 
+def _assigned_leaves(stmt: ast.stmt) -> list[ast.expr]:
+    """The leaf targets a binding assignment writes (tuple/list targets unpacked); none for a bare annotation."""
+    if isinstance(stmt, ast.Assign):
+        targets = stmt.targets
+    elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)) and stmt.value is not None:
+        targets = [stmt.target]
+    else:
+        return []
+    leaves: list[ast.expr] = []
+    todo = list(targets)
+    while todo:
+        tgt = todo.pop(0)
+        if isinstance(tgt, (ast.Tuple, ast.List)):
+            todo[:0] = tgt.elts
+        elif isinstance(tgt, ast.Starred):
+            todo.insert(0, tgt.value)
+        else:
+            leaves.append(tgt)
+    return leaves
+
+
+def _self_attributes(func: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    """Names X of every `self.X = ...` in a method's own body (any depth, not in nested defs/classes)."""
+    found: set[str] = set()
+    todo: list[ast.AST] = list(func.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.stmt):
+            for leaf in _assigned_leaves(node):
+                if isinstance(leaf, ast.Attribute) and isinstance(leaf.value, ast.Name) and leaf.value.id == "self":
+                    found.add(leaf.attr)
+        todo.extend(ast.iter_child_nodes(node))
+    return sorted(found)
+
+
 def _record_class(node: ast.ClassDef) -> dict:
     methods, attributes = set(), set()
+    init_self: list[str] = []
     for stmt in node.body:
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
             methods.add(stmt.name)
+            if stmt.name == "__init__":
+                init_self = _self_attributes(stmt)  # the last definition wins, as in the class
         elif isinstance(stmt, ast.Assign):
             attributes.update(t.id for t in stmt.targets if isinstance(t, ast.Name))
         elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
@@ -360,6 +411,7 @@ def _record_class(node: ast.ClassDef) -> dict:
         "bases": [_unparse(b) for b in node.bases],
         "methods": sorted(methods),
         "attributes": sorted(attributes),
+        "init_self_attributes": init_self,  # self.X assigned in the class's own __init__ ([] if none)
     }
 
 
@@ -414,6 +466,53 @@ def extract_targets(source: Source, targets: tuple[Target, ...] = TARGETS) -> di
             raise ValueError(f"duplicate target {key}")
         out[key] = extract_target(source, target, trees)
     return out
+
+
+def _resolve_from(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    parts = module.split(".") if is_package else module.split(".")[:-1]
+    if node.level > 1:
+        parts = parts[: len(parts) - (node.level - 1)]
+    return ".".join(parts + ([node.module] if node.module else []))
+
+
+def extract_module(source: Source, module: str, why: str, _trees: dict | None = None) -> dict:
+    """Names bound by `module`'s unconditional top-level statements (if/try blocks are not looked into:
+    a name bound only conditionally is not listed): `assigned` (=, annotated = value, op=), `defined`
+    (def, class) and `from_imports` (source module -> bound names, "a as b" when renamed; `*` kept)."""
+    trees = _trees if _trees is not None else {}
+    rel = source.module_file(module)
+    base = {"why": why, "module": module, "file": rel}
+    if rel is None:
+        return {**base, "exists": False, "reason": "module not found"}
+    if rel not in trees:
+        trees[rel] = ast.parse(source.read(rel), filename=rel)
+    assigned: set[str] = set()
+    defined: set[str] = set()
+    imports: dict[str, set[str]] = {}
+    for stmt in trees[rel].body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(stmt.name)
+        elif isinstance(stmt, ast.ImportFrom):
+            src = _resolve_from(module, rel.endswith("/__init__.py"), stmt)
+            names = imports.setdefault(src, set())
+            for alias in stmt.names:
+                names.add(alias.name if alias.asname in (None, alias.name) else f"{alias.name} as {alias.asname}")
+        else:
+            assigned.update(leaf.id for leaf in _assigned_leaves(stmt) if isinstance(leaf, ast.Name))
+    return {
+        **base,
+        "exists": True,
+        "assigned": sorted(assigned),
+        "defined": sorted(defined),
+        "from_imports": {src: sorted(names) for src, names in sorted(imports.items())},
+    }
+
+
+def extract_modules(source: Source, modules: dict[str, str] = MODULES) -> dict:
+    trees: dict = {}
+    return {module: extract_module(source, module, why, trees) for module, why in sorted(modules.items())}
 
 
 def _assigned_constants(text: str | None, names: tuple[str, ...]) -> dict:
@@ -476,9 +575,11 @@ def package_info(source: Source, package: str = PACKAGE) -> dict:
     return info
 
 
-def build_contract(path: str | pathlib.Path, targets: tuple[Target, ...] = TARGETS, package: str = PACKAGE) -> dict:
+def build_contract(path: str | pathlib.Path, targets: tuple[Target, ...] = TARGETS, package: str = PACKAGE,
+                   modules: dict[str, str] = MODULES) -> dict:
     source = Source(path)
     return {
+        "modules": extract_modules(source, modules),
         "generator": "tests/contract/extract_ascend_contract.py",
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
         "source": {"name": source.path.name, "sha256": source.sha256},
@@ -499,7 +600,8 @@ def main(argv: list[str] | None = None) -> int:
     contract = build_contract(args.source)
     pathlib.Path(args.out).write_text(dumps(contract))
     absent = sorted(k for k, v in contract["targets"].items() if not v["exists"])
-    print(f"wrote {args.out}: {len(contract['targets'])} targets, absent: {absent or 'none'}")
+    print(f"wrote {args.out}: {len(contract['targets'])} targets, {len(contract['modules'])} modules, "
+          f"absent: {absent or 'none'}")
     return 0
 
 

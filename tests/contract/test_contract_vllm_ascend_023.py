@@ -76,6 +76,90 @@ def test_contract_covers_every_target_and_only_the_expected_one_is_absent():
     assert absent == {f"{ATTN}:AscendAttentionBackendImpl._forward_prefill_no_cache"}
 
 
+# --- what the 0.23 bindings' runtime guards require -----------------------------------------------
+
+
+def _params_start(module: str, name: str, expected: list[str]) -> bool:
+    """_ascend.require_params: the parameters other than self start with `expected`."""
+    r = rec(module, name)
+    return r["exists"] and [n for n in names(r) if n != "self"][: len(expected)] == expected
+
+
+def _module_binds(module: str, name: str) -> bool:
+    """`name` is a global of `module` bound unconditionally at top level (so it is in vars(module))."""
+    m = CONTRACT["modules"][module]
+    return m["exists"] and name in m["assigned"]
+
+
+def _imports_by_name_only(module: str, source: str, name: str) -> bool:
+    """`module` binds `name` by `from source import name` and by nothing else, so that
+    `module.name is source.name` (rope_cache_ascend swaps the runner module's global)."""
+    m = CONTRACT["modules"][module]
+    others = [src for src, bound in m["from_imports"].items() if src != source and any(
+        b == name or b.endswith(f" as {name}") for b in bound)]
+    return (m["exists"] and name in m["from_imports"].get(source, [])
+            and name not in m["assigned"] and name not in m["defined"] and not others)
+
+
+def test_every_hook_the_023_bindings_guard_exists():
+    rope_cls, layer_cls = f"{ROPE}:AscendRotaryEmbedding", f"{LINEAR}:AscendRowParallelLinear"
+    # (patch, module, what, why, check): each requirement of the runtime guards
+    # rope_cache_ascend.check_upstream(), mc2_ascend.check_upstream() and fav2_attention.apply(),
+    # checked against the 0.23.0 wheel's recorded source.
+    requirements = [
+        ("rope_cache_ascend", ROPE, "class AscendRotaryEmbedding", "the class whose methods are swapped",
+         lambda: TARGETS[rope_cls]["exists"]),
+        ("rope_cache_ascend", ROPE, "AscendRotaryEmbedding defines __init__ itself (require_own)",
+         "wrapped to mark layers that can read the step buffers",
+         lambda: "__init__" in TARGETS[rope_cls]["methods"]),
+        ("rope_cache_ascend", ROPE, "AscendRotaryEmbedding defines forward_oot itself (require_own)",
+         "replaced by the per-step rotate", lambda: "forward_oot" in TARGETS[rope_cls]["methods"]),
+        ("rope_cache_ascend", ROPE, "forward_oot(positions, query, key, offsets, is_neox_style_override, ...)",
+         "the wrapper's signature and its fallback call",
+         lambda: _params_start(ROPE, "AscendRotaryEmbedding.forward_oot",
+                               ["positions", "query", "key", "offsets", "is_neox_style_override"])),
+        ("rope_cache_ascend", ROPE, "__init__(head_size, rotary_dim, max_position_embeddings, base, "
+         "is_neox_style, dtype, ...)", "the layer attributes step_eligible reads",
+         lambda: _params_start(ROPE, "AscendRotaryEmbedding.__init__",
+                               ["head_size", "rotary_dim", "max_position_embeddings", "base",
+                                "is_neox_style", "dtype"])),
+        ("rope_cache_ascend", ROPE, "update_cos_sin(positions)", "the per-step gather the runner calls; wrapped",
+         lambda: _params_start(ROPE, "update_cos_sin", ["positions"])),
+        *[("rope_cache_ascend", ROPE, f"module global {buf} (top-level assignment)",
+           "per-step buffer / table the layers read", lambda buf=buf: _module_binds(ROPE, buf))
+          for buf in ("_cos", "_sin", "_cos_sin_cache")],
+        ("rope_cache_ascend", RUNNER, "class NPUModelRunner", "the runner whose step fills the buffers",
+         lambda: rec(RUNNER, "NPUModelRunner")["exists"]),
+        ("rope_cache_ascend", RUNNER, f"`from {ROPE} import update_cos_sin`, not rebound",
+         "swapping the runner module's global reaches execute_model's call",
+         lambda: _imports_by_name_only(RUNNER, ROPE, "update_cos_sin")),
+        ("rope_cache_ascend", RUNNER, "NPUModelRunner.execute_model calls update_cos_sin(...)",
+         "the once-per-step call the wrapped global records",
+         lambda: rec(RUNNER, "NPUModelRunner.execute_model")["exists"]
+         and bool(calls(rec(RUNNER, "NPUModelRunner.execute_model"), "update_cos_sin"))),
+        ("mc2_ascend", LINEAR, "class AscendRowParallelLinear", "the class whose methods are swapped",
+         lambda: TARGETS[layer_cls]["exists"]),
+        ("mc2_ascend", LINEAR, "AscendRowParallelLinear defines __init__ itself (require_own)",
+         "wrapped to track each layer by prefix", lambda: "__init__" in TARGETS[layer_cls]["methods"]),
+        ("mc2_ascend", LINEAR, "AscendRowParallelLinear defines forward itself (require_own)",
+         "wrapped to route to the mc2 op", lambda: "forward" in TARGETS[layer_cls]["methods"]),
+        ("mc2_ascend", LINEAR, "__init__(input_size, output_size, bias, input_is_parallel, ...)",
+         "the layer attributes takes_over reads",
+         lambda: _params_start(LINEAR, "AscendRowParallelLinear.__init__",
+                               ["input_size", "output_size", "bias", "input_is_parallel"])),
+        ("mc2_ascend", LINEAR, "forward(input_, ...)", "the wrapper's signature and its fallback call",
+         lambda: _params_start(LINEAR, "AscendRowParallelLinear.forward", ["input_"])),
+        ("mc2_ascend", LINEAR, "__init__ assigns self.custom_op", "the wrapper leaves layers with an op to vllm-ascend",
+         lambda: "custom_op" in TARGETS[layer_cls]["init_self_attributes"]),
+        ("fav2_attention", ATTN, "AscendAttentionBackendImpl._forward_prefill_no_cache is ABSENT",
+         "apply() requires it, so fav2 refuses on 0.23.0 rather than binding",
+         lambda: rec(ATTN, "AscendAttentionBackendImpl._forward_prefill_no_cache")["exists"] is False),
+    ]
+    failed = [f"{patch}: {module}: {what} ({why})" for patch, module, what, why, check in requirements if not check()]
+    assert not failed, "the 0.23.0 wheel no longer provides:\n" + "\n".join(failed)
+    assert {patch for patch, *_ in requirements} == {"rope_cache_ascend", "mc2_ascend", "fav2_attention"}
+
+
 # --- version facts (f) ----------------------------------------------------------------------------
 
 

@@ -143,3 +143,16 @@ def test_to_env_round_trips():
            "TASK_QUEUE_ENABLE": "2", "ROLLOUT_EXT_GRAPH_MODE": "0"}
     cfg = ExtConfig.from_env(env)
     assert ExtConfig.from_env(cfg.to_env()) == cfg
+
+
+def test_every_module_record_is_a_switch_of_the_config():
+    from rollout_ext import modules
+
+    fields = dict(zip(ExtConfig.__struct_fields__, ExtConfig.__struct_defaults__))
+    for module in modules.MODULES:
+        assert isinstance(fields[module.name], bool), module.name
+        assert set(module.stacks) == {"vllm", "ascend-main", "ascend-0.23"}, module.name
+        for stack, binding in module.stacks.items():
+            assert (binding.patch is None) != (binding.refusal == ""), (module.name, stack)
+        cfg = ExtConfig.from_env({module.switch: "1", **{m.switch: "0" for m in modules.MODULES if m is not module}})
+        assert cfg.enabled_modules == [module.name]

@@ -168,3 +168,48 @@ def test_doctor_json_and_exit_codes():
     tp = subprocess.run([sys.executable, "-m", "rollout_ext", "doctor", "--tp", "1"], capture_output=True,
                         text=True, env=base | {"ROLLOUT_EXT_MC2": "1"})
     assert tp.returncode == 0 and "does nothing with tensor_parallel_size=1" in tp.stdout
+
+
+STATES = """
+import json, logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format='%(message)s')
+from rollout_ext import plugin
+from rollout_ext.config import ExtConfig
+try:
+    plugin.register()
+except Exception as e:
+    print('FAILED', type(e).__name__, str(e).replace(chr(10), ' | '))
+    sys.exit(0)
+print('STATES', json.dumps({n: s.state for n, s in plugin.module_states().items()}))
+plugin.note_engine(plugin.current_config().with_engine(tp_size=1, chunked_prefill=True, enforce_eager=True))
+print('ENGINE', json.dumps({n: s.state for n, s in plugin.module_states().items()}))
+"""
+
+
+def _states(env: dict[str, str]) -> subprocess.CompletedProcess:
+    return run_python(STATES, {"PATH": "/usr/bin:/bin", "VLLM_PLUGINS": "", **env})
+
+
+def test_status_line_lists_what_bound_and_refusals():
+    proc = _states({"ROLLOUT_EXT_MC2": "1", "ROLLOUT_EXT_FAV2": "1", "ROLLOUT_EXT_STRICT": "0"})
+    assert proc.returncode == 0, proc.stderr
+    status = next(ln for ln in proc.stdout.splitlines() if "rollout_ext 0.1.0:" in ln)
+    # fav2 cannot bind on a CPU machine: listed as refused, never as active.
+    assert "active=[rope_cache,mc2]" in status and "refused=[fav2]" in status, status
+    states = json.loads(proc.stdout.split("STATES ", 1)[1].splitlines()[0])
+    assert states == {"rope_cache": "active", "mc2": "active", "flashcomm": "off", "mlp_only_tp": "off",
+                      "fav2": "refused"}
+    # Once the engine says TP=1, mc2 has nothing to fuse: inert, and the status line says so.
+    engine = json.loads(proc.stdout.split("ENGINE ", 1)[1].splitlines()[0])
+    assert engine["mc2"] == "inert" and engine["rope_cache"] == "active"
+    assert any("inert=[mc2]" in ln for ln in proc.stdout.splitlines() if "rollout_ext 0.1.0:" in ln)
+
+
+def test_strict_refusal_fails_registration_naming_module_and_version():
+    proc = _states({"ROLLOUT_EXT_FAV2": "1", "ROLLOUT_EXT_STRICT": "1"})
+    assert proc.returncode == 0, proc.stderr
+    failed = next(ln for ln in proc.stdout.splitlines() if ln.startswith("FAILED"))
+    assert "PatchError" in failed and "module 'fav2' cannot bind on vLLM 0.27.1" in failed
+    assert "STATES" not in proc.stdout
+    # Control: the same strict run without FAV2 registers.
+    assert "STATES" in _states({"ROLLOUT_EXT_FAV2": "0", "ROLLOUT_EXT_STRICT": "1"}).stdout
