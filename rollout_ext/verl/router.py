@@ -104,6 +104,8 @@ class TailAwareRouter:
         self._waiters: dict[str, asyncio.Future] = {}
         self._group_sizes: dict[str, int] = {}
         self._acquires = 0
+        # Chunks that ended on each replica with the sequence still unfinished (it may move next).
+        self._open_releases: dict[str, int] = {}
         self.add_servers(servers)
 
     # ---- verl protocol ----------------------------------------------------------------------
@@ -186,6 +188,7 @@ class TailAwareRouter:
             "registered_handles": list(self._handles),
             "waiting": len([w for w in self._waiters.values() if not w.done()]),
             "acquires": self._acquires,
+            "open_releases": dict(self._open_releases),
             "policy": self.policy.snapshot(),
         }
 
@@ -240,6 +243,8 @@ class TailAwareRouter:
         self.policy.release(key, server_id, generated, finished)
         if finished:
             del self._prompt_len[key], self._chunk_start[key]
+        else:
+            self._open_releases[server_id] = self._open_releases.get(server_id, 0) + 1
         self._wake_placed()
 
     def _wake_placed(self) -> None:

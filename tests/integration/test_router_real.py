@@ -124,7 +124,9 @@ def _scenario(model: str) -> dict:
         while True:
             status = await router.get_status.remote()
             busy = status["policy"]["replicas"].get(victim, {}).get("in_flight", 0)
-            if busy > 0 and status["acquires"] > len(fault_jobs) + 4:
+            # Kill only once some sequence has ended a chunk on the victim and not finished: that
+            # sequence lists the victim among its replicas and must complete elsewhere.
+            if busy > 0 and status["open_releases"].get(victim, 0) > 0:
                 break
             await asyncio.sleep(0.02)
         report["killed_with_in_flight"] = busy
@@ -195,8 +197,10 @@ def test_killed_replica_loses_and_duplicates_nothing(report):
     for ref, got in zip(report["fault_reference"], report["fault"]):
         _same(got, ref)  # every sequence complete, each token once, equal to an undisturbed run
         assert len(got["token_ids"]) == CAP
-    moved = [got for got in report["fault"] if report["victim"] in got["replicas"]]
-    assert moved and all(got["replicas"][-1] != report["victim"] for got in moved)
+    # Some sequence ran on the victim and finished elsewhere (one that finished on the victim before
+    # the kill is complete and equal to the reference too, as checked above).
+    assert any(report["victim"] in got["replicas"] and got["replicas"][-1] != report["victim"]
+               for got in report["fault"]), [got["replicas"] for got in report["fault"]]
 
 
 if __name__ == "__main__":
