@@ -66,10 +66,6 @@ _ASCEND_MC2 = Binding(
         "vllm_ascend.ops.linear.AscendRowParallelLinear.forward",
     ),
 )
-_NOT_ON_ASCEND = (
-    "not bound to vllm-ascend's classes: its hooks are stock vLLM's, which vllm-ascend replaces "
-    "({hooks}), and no binding to the Ascend classes has been verified"
-)
 _FAV2 = Binding(
     patch="fav2_attention",
     hooks=("vllm_ascend.attention.attention_v1.AscendAttentionBackendImpl._forward_prefill_no_cache",),
@@ -123,11 +119,24 @@ MODULES: tuple[Module, ...] = (
                     "vllm.model_executor.layers.linear.RowParallelLinear.forward",
                 ),
             ),
-            "ascend-main": Binding(refusal=_NOT_ON_ASCEND.format(
-                hooks="AscendRowParallelLinear, AscendColumnParallelLinear and their custom-op dispatch")),
-            "ascend-0.23": Binding(refusal=_NOT_ON_ASCEND.format(
-                hooks="AscendRowParallelLinear, AscendColumnParallelLinear; 0.23 has its own flashcomm1, "
-                      "VLLM_ASCEND_ENABLE_FLASHCOMM1")),
+            # vllm-ascend main's linears fall back to vLLM's forward when they have no custom op (a
+            # dense model's), so the same wrappers run under AscendRow/ColumnParallelLinear, and its
+            # RMSNorm simply gets the token shard (main: checked under the emulation lane).
+            "ascend-main": Binding(
+                patch="flashcomm",
+                hooks=(
+                    "vllm.model_executor.models.qwen2.Qwen2Model.__call__",
+                    "vllm.model_executor.models.llama.LlamaModel.__call__",
+                    "vllm.model_executor.layers.linear.ColumnParallelLinear.forward (reached from "
+                    "AscendColumnParallelLinear/AscendMergedColumnParallelLinear/AscendQKVParallelLinear.forward)",
+                    "vllm.model_executor.layers.linear.RowParallelLinear.forward (reached from "
+                    "AscendRowParallelLinear.forward)",
+                ),
+            ),
+            "ascend-0.23": Binding(refusal=(
+                "verified on vllm-ascend main only; 0.23.0 has its own flashcomm1 "
+                "(VLLM_ASCEND_ENABLE_FLASHCOMM1), whose sequence-parallel linear ops this has not been "
+                "checked against")),
         },
         needs_tp=True,
         conflicts=(
@@ -149,10 +158,21 @@ MODULES: tuple[Module, ...] = (
                     "vllm.config.ModelConfig.get_num_kv_heads",
                 ),
             ),
-            "ascend-main": Binding(refusal=_NOT_ON_ASCEND.format(
-                hooks="AscendQKVParallelLinear, AscendRowParallelLinear; main's own MLP TP is MoE-only")),
-            "ascend-0.23": Binding(refusal=_NOT_ON_ASCEND.format(
-                hooks="AscendQKVParallelLinear, AscendRowParallelLinear")),
+            # vllm-ascend builds its QKV/row linears through vLLM's PluggableLayer names, so the same
+            # constructor wrap passes them disable_tp (main: checked under the emulation lane).
+            "ascend-main": Binding(
+                patch="mlp_only_tp",
+                hooks=(
+                    "vllm.model_executor.models.qwen2.Qwen2Attention.__init__ (builds AscendQKVParallelLinear / "
+                    "AscendRowParallelLinear with disable_tp=True)",
+                    "vllm.model_executor.models.llama.LlamaAttention.__init__",
+                    "vllm.config.ModelConfig.get_num_attention_heads",
+                    "vllm.config.ModelConfig.get_num_kv_heads",
+                ),
+            ),
+            "ascend-0.23": Binding(refusal=(
+                "verified on vllm-ascend main only: whether 0.23.0's AscendQKVParallelLinear and "
+                "AscendRowParallelLinear build replicated under disable_tp has not been checked")),
         },
         needs_tp=True,
         aliases=("VLLM_ASCEND_ENABLE_MLP_OPTIMIZE",),

@@ -18,9 +18,12 @@ its NPUWorker makes (`vllm_ascend.utils.register_ascend_customop(vllm_config)`).
 
 from __future__ import annotations
 
-import os
+import contextlib
+import json
+import shutil
 import subprocess
 import sys
+import tempfile
 import types
 from pathlib import Path
 
@@ -29,6 +32,8 @@ SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 EMU_DIR = REPO_ROOT / "tests" / "contract" / "emu"
 UPSTREAM_NAME = "vllm-ascend-main-182b75e"
 DEFAULT_UPSTREAM = REPO_ROOT.parent / "shared" / "upstream" / UPSTREAM_NAME
+# The Qwen2 shape the lane builds: head_dim 64, the fused rope op's size.
+HEAD_DIM, HEADS, KV_HEADS = 64, 4, 2
 # What _build_info says on an Atlas A2 (910B) build of vllm-ascend.
 BUILD_INFO = {"__device_type__": "A2", "__soc_version__": "ASCEND910B1", "__sleep_mode_enabled__": False}
 
@@ -97,6 +102,86 @@ def register_ops(vllm_config) -> None:
 
     register_ascend_customop(vllm_config)
     init_ascend_config(vllm_config)
+
+
+# ---------------------------------------------------------------- what scenarios build
+
+
+def model_dir(dtype: str) -> Path:
+    """The tiny Qwen2 checkpoint's config (no weights) in the lane's shape."""
+    from rollout_ext.testing.tiny_model import build_tiny_model, default_model_dir
+
+    source = build_tiny_model(default_model_dir("qwen2"), arch="qwen2")
+    target = Path(tempfile.mkdtemp(prefix="ascend-qwen2-"))
+    for item in source.iterdir():
+        if item.is_file() and item.suffix != ".safetensors":
+            shutil.copy(item, target / item.name)
+    config = json.loads((source / "config.json").read_text())
+    config.update(hidden_size=HEADS * HEAD_DIM, head_dim=HEAD_DIM, num_attention_heads=HEADS,
+                  num_key_value_heads=KV_HEADS, torch_dtype=dtype)
+    (target / "config.json").write_text(json.dumps(config))
+    return target
+
+
+def build(vllm_config, seed: int | None = None, weights=None):
+    """A Qwen2ForCausalLM as vLLM's loader builds it (random weights from `seed`, or `weights`)."""
+    import torch
+    from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    # As vLLM's model loader builds it: parameters in the model's dtype.
+    with set_default_torch_dtype(vllm_config.model_config.dtype):
+        model = Qwen2ForCausalLM(vllm_config=vllm_config, prefix="")
+    if weights is None:
+        gen = torch.Generator().manual_seed(seed)
+        for param in model.parameters():
+            param.data.copy_((torch.randn(param.shape, generator=gen) * 0.05).to(param.dtype))
+    else:
+        model.load_state_dict(weights)
+    return model
+
+
+def fresh_model_state(vllm_config) -> None:
+    """What a new engine process starts with, so a second model can be built in this one: vLLM's
+    rope cache (get_rope shares rotary modules between models), the attention layer names, and
+    vllm-ascend's record of the first rope table (update_cos_sin gathers from it)."""
+    from vllm.model_executor.layers import rotary_embedding as vllm_rope
+    from vllm_ascend.ops import rotary_embedding
+
+    vllm_rope._ROPE_DICT.clear()
+    vllm_config.compilation_config.static_forward_context.clear()
+    rotary_embedding._cos_sin_cache = None
+    rotary_embedding._cos_cache = rotary_embedding._sin_cache = None
+
+
+@contextlib.contextmanager
+def tp_group(rank: int, port: int, tp: int, dtype_name: str = "float32"):
+    """What vllm-ascend's NPUWorker and NPUModelRunner set up before a model exists, on CPU: vLLM's
+    distributed state (gloo for the host, the emulated HCCL for "npu"), vllm-ascend's op
+    registration and config, and its per-step cos/sin buffers. Yields the VllmConfig (current).
+    Autograd is off, as in vLLM's workers."""
+    import torch
+    from vllm.config import ModelConfig, ParallelConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed import parallel_state
+
+    model_config = ModelConfig(model=str(model_dir(dtype_name)), dtype=dtype_name, enforce_eager=True,
+                               skip_tokenizer_init=True, max_model_len=1024)
+    vllm_config = VllmConfig(model_config=model_config, parallel_config=ParallelConfig(tensor_parallel_size=tp))
+    with set_current_vllm_config(vllm_config), torch.no_grad():
+        parallel_state.init_distributed_environment(
+            world_size=tp, rank=rank, distributed_init_method=f"tcp://127.0.0.1:{port}", local_rank=rank,
+            backend="cpu:gloo,npu:hccl",
+        )
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+        try:
+            register_ops(vllm_config)
+            from vllm_ascend.ops import rotary_embedding
+
+            rotary_embedding.set_cos_and_sin(vllm_config, 8, 1, getattr(torch, dtype_name), "cpu")
+            yield vllm_config
+        finally:
+            parallel_state.destroy_model_parallel()
+            parallel_state.destroy_distributed_environment()
 
 
 def run_scenario(script: str, *args: str, env: dict[str, str] | None = None, timeout_s: float = 240) -> str:

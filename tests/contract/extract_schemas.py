@@ -21,7 +21,8 @@ import re
 import sys
 import zipfile
 
-SO_OPS = ("npu_apply_rotary_pos_emb", "npu_mm_all_reduce_base", "npu_mrope")
+SO_OPS = ("npu_apply_rotary_pos_emb", "npu_mm_all_reduce_base", "npu_mrope", "npu_rms_norm", "npu_add_rms_norm",
+          "npu_swiglu")
 DOCS_OPS = ("_npu_flash_attention_v2",)
 
 # From github.com/Ascend/op-plugin op_plugin/ops/atb/RopeAtb.cpp (commit 59dc548c1cd7...).

@@ -15,7 +15,11 @@ CALLED_OPS = {
     "npu_mm_all_reduce_base",
     "_npu_rotary_embedding",
     "_npu_flash_attention_v2",
-    "npu_mrope",  # called by vllm-ascend's rope; emulated for the Ascend-on-CPU lane
+    # Called by vllm-ascend's own layers; emulated for the Ascend-on-CPU lane (tests/ascend).
+    "npu_mrope",
+    "npu_rms_norm",
+    "npu_add_rms_norm",
+    "npu_swiglu",
 }
 
 

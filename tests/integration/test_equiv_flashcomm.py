@@ -33,7 +33,7 @@ def test_flashcomm_tp2_matches_baseline(arch, eager, greedy_run, baseline):
     result = greedy_run(arch, 2, eager, ENV)
     reference = baseline(arch, 2, eager)
     assert_equivalent(result, reference, atol=ATOL)
-    assert "modules=[flashcomm]" in result.log
+    assert "active=[flashcomm]" in result.log
     steps = sharded_steps(result.log)
     # 12 generated tokens: at least 12 sharded forwards per rank; logged at powers of two.
     assert steps and max(s for s, *_ in steps) >= 8, steps

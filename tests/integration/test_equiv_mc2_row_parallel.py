@@ -32,7 +32,7 @@ def test_mc2_tp2_matches_baseline(arch, eager, greedy_run, baseline):
     result = greedy_run(arch, 2, eager, ENV)
     reference = baseline(arch, 2, eager)
     assert_equivalent(result, reference, atol=ATOL)
-    assert "modules=[mc2]" in result.log
+    assert "active=[mc2]" in result.log
     calls = dispatched_calls(result.log)
     # 2 decoder layers x (o_proj, down_proj) x at least 12 steps = 48+; logged at powers of two.
     assert calls and max(calls) >= 32, calls

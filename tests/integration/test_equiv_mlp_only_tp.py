@@ -51,5 +51,6 @@ def test_fav2_refuses_engine_start_on_cpu(tiny_qwen2, engine_cache_env):
     with pytest.raises(RuntimeError) as failure:
         run_greedy(spec, {**engine_cache_env, **module_env(fav2="1")}, timeout_s=300)
     message = str(failure.value)
-    assert "PatchError: rollout_ext patch 'fav2_attention': device is cpu, but FAV2" in message
+    assert "PatchError: rollout_ext module 'fav2' cannot bind on vLLM 0.27.1" in message
+    assert "rollout_ext patch 'fav2_attention': device is cpu, but FAV2" in message
     assert "is NPU-only" in message

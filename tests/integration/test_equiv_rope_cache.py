@@ -38,7 +38,7 @@ def test_rope_cache_equivalent_with_one_gather_per_forward(arch, tp, eager, gree
     print(f"{arch} tp{tp} eager={eager}: max |logprob diff| = {max_logprob_diff(result, reference):.3g}")
     print(f"patched counters: {result.rope_counters}; baseline counters: {reference.rope_counters}")
     assert_equivalent(result, reference, atol=LOGPROB_ATOL)
-    assert "modules=[rope_cache]" in result.log
+    assert "active=[rope_cache]" in result.log
 
     assert result.rope_counters is not None and len(result.rope_counters) == tp
     for counters in result.rope_counters:

@@ -11,7 +11,8 @@ from rollout_ext.testing.equivalence import assert_equivalent, module_env
 pytestmark = pytest.mark.heavy
 
 VANILLA = {"VLLM_PLUGINS": ""}
-LINE = re.compile(r"rollout_ext 0\.1\.0: device=cpu vllm=\S+ modules=\[(?P<modules>[^\]]*)\] \(pid (?P<pid>\d+), (?P<proc>[^)]+)\)")
+# The status line lists the modules that bound (active=[...]), then any other states, then the process.
+LINE = re.compile(r"rollout_ext 0\.1\.0: device=cpu vllm=\S+ active=\[(?P<modules>[^\]]*)\][^(]* \(pid (?P<pid>\d+), (?P<proc>[^)]+)\)")
 
 
 def plugin_lines(log: str) -> list[dict]:

@@ -56,7 +56,7 @@ def test_two_replicas_start_with_the_plugin_in_every_process(dapo_report):
         # the server actor (vLLM's API side), its engine core and its worker all loaded the plugin
         assert "MainProcess" in processes and "EngineCore" in processes, replica_lines
         assert any(name.startswith("VllmWorker") for name in processes), replica_lines
-        assert all("device=cpu" in line and "modules=[rope_cache]" in line for line in replica_lines)
+        assert all("device=cpu" in line and "active=[rope_cache]" in line for line in replica_lines)
     assert len(pids) >= 6  # two replicas, three processes each, none shared
 
 

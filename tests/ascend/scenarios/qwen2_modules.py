@@ -19,9 +19,7 @@ Prints "rank N: ok <json>".
 """
 
 import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -33,52 +31,6 @@ import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 PREFILL_TOKENS, DECODE_TOKENS, MIN_TOKENS = 40, 3, 16
-HEAD_DIM, HEADS, KV_HEADS = 64, 4, 2
-
-
-def model_dir(dtype: str) -> Path:
-    """The tiny Qwen2 checkpoint's config with head_dim 64 (the fused rope op's size)."""
-    from rollout_ext.testing.tiny_model import build_tiny_model, default_model_dir
-
-    source = build_tiny_model(default_model_dir("qwen2"), arch="qwen2")
-    target = Path(tempfile.mkdtemp(prefix="ascend-qwen2-"))
-    for item in source.iterdir():
-        if item.is_file() and item.suffix != ".safetensors":
-            shutil.copy(item, target / item.name)
-    config = json.loads((source / "config.json").read_text())
-    config.update(hidden_size=HEADS * HEAD_DIM, head_dim=HEAD_DIM, num_attention_heads=HEADS,
-                  num_key_value_heads=KV_HEADS, torch_dtype=dtype)
-    (target / "config.json").write_text(json.dumps(config))
-    return target
-
-
-def build(vllm_config, seed: int | None = None, weights=None):
-    from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
-    from vllm.utils.torch_utils import set_default_torch_dtype
-
-    # As vLLM's model loader builds it: parameters in the model's dtype.
-    with set_default_torch_dtype(vllm_config.model_config.dtype):
-        model = Qwen2ForCausalLM(vllm_config=vllm_config, prefix="")
-    if weights is None:
-        gen = torch.Generator().manual_seed(seed)
-        for param in model.parameters():
-            param.data.copy_((torch.randn(param.shape, generator=gen) * 0.05).to(param.dtype))
-    else:
-        model.load_state_dict(weights)
-    return model
-
-
-def fresh_model_state(vllm_config) -> None:
-    """What a new engine process starts with, so a second model can be built in this one: vLLM's
-    rope cache (get_rope shares rotary modules between models), the attention layer names, and
-    vllm-ascend's record of the first rope table (update_cos_sin gathers from it)."""
-    from vllm.model_executor.layers import rotary_embedding as vllm_rope
-    from vllm_ascend.ops import rotary_embedding
-
-    vllm_rope._ROPE_DICT.clear()
-    vllm_config.compilation_config.static_forward_context.clear()
-    rotary_embedding._cos_sin_cache = None
-    rotary_embedding._cos_cache = rotary_embedding._sin_cache = None
 
 
 def run_step(model, runner_module, gen, dtype):
@@ -106,99 +58,79 @@ def run_step(model, runner_module, gen, dtype):
 
 
 def worker(rank: int, port: int, tp: int, dtype_name: str) -> None:
-    from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
-    from vllm.distributed import parallel_state
-
     from rollout_ext import plugin
     from rollout_ext.config import ExtConfig
     from rollout_ext.patches import mc2_row_parallel, rope_cache
     from rollout_ext.platform import stack
 
     dtype = getattr(torch, dtype_name)
-    model_config = ModelConfig(model=str(model_dir(dtype_name)), dtype=dtype_name, enforce_eager=True,
-                               skip_tokenizer_init=True, max_model_len=1024)
-    vllm_config = VllmConfig(model_config=model_config)
-    with set_current_vllm_config(vllm_config):
-        parallel_state.init_distributed_environment(
-            world_size=tp, rank=rank, distributed_init_method=f"tcp://127.0.0.1:{port}", local_rank=rank,
-            backend="cpu:gloo,npu:hccl",
-        )
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
-        try:
-            lane.register_ops(vllm_config)
-            from vllm_ascend.ops import rotary_embedding
-            from vllm_ascend.ops.layernorm import AscendRMSNorm
-            from vllm_ascend.ops.linear import AscendRowParallelLinear
-            from vllm_ascend.ops.rotary_embedding import AscendRotaryEmbedding
-            from vllm_ascend.worker import model_runner_v1
+    with lane.tp_group(rank, port, tp, dtype_name) as vllm_config:
+        from vllm_ascend.ops.layernorm import AscendRMSNorm
+        from vllm_ascend.ops.linear import AscendRowParallelLinear
+        from vllm_ascend.ops.rotary_embedding import AscendRotaryEmbedding
+        from vllm_ascend.worker import model_runner_v1
 
-            originals = {
-                "forward_oot": AscendRotaryEmbedding.__dict__["forward_oot"],
-                "rope_init": AscendRotaryEmbedding.__dict__["__init__"],
-                "row_forward": AscendRowParallelLinear.__dict__["forward"],
-                "update_cos_sin": model_runner_v1.update_cos_sin,
-            }
-            # What NPUModelRunner.__init__ does before the model exists.
-            rotary_embedding.set_cos_and_sin(vllm_config, 8, 1, dtype, "cpu")
+        originals = {
+            "forward_oot": AscendRotaryEmbedding.__dict__["forward_oot"],
+            "rope_init": AscendRotaryEmbedding.__dict__["__init__"],
+            "row_forward": AscendRowParallelLinear.__dict__["forward"],
+            "update_cos_sin": model_runner_v1.update_cos_sin,
+        }
+        plain = lane.build(vllm_config, seed=0)
+        layer = plain.model.layers[0]
+        assert type(layer.self_attn.rotary_emb) is AscendRotaryEmbedding, type(layer.self_attn.rotary_emb)
+        assert type(layer.self_attn.o_proj) is AscendRowParallelLinear, type(layer.self_attn.o_proj)
+        assert type(layer.mlp.down_proj) is AscendRowParallelLinear, type(layer.mlp.down_proj)
+        assert type(layer.input_layernorm) is AscendRMSNorm, type(layer.input_layernorm)
+        assert layer.self_attn.o_proj.custom_op is None  # main: dense o_proj has no custom op
+        num_layers = len(plain.model.layers)
 
-            plain = build(vllm_config, seed=0)
-            layer = plain.model.layers[0]
-            assert type(layer.self_attn.rotary_emb) is AscendRotaryEmbedding, type(layer.self_attn.rotary_emb)
-            assert type(layer.self_attn.o_proj) is AscendRowParallelLinear, type(layer.self_attn.o_proj)
-            assert type(layer.mlp.down_proj) is AscendRowParallelLinear, type(layer.mlp.down_proj)
-            assert type(layer.input_layernorm) is AscendRMSNorm, type(layer.input_layernorm)
-            assert layer.self_attn.o_proj.custom_op is None  # main: dense o_proj has no custom op
-            num_layers = len(plain.model.layers)
+        expected, plain_calls = run_step(plain, model_runner_v1, torch.Generator().manual_seed(1 + rank), dtype)
+        assert plain_calls.get("npu_mrope") == num_layers, plain_calls
 
-            expected, plain_calls = run_step(plain, model_runner_v1, torch.Generator().manual_seed(1 + rank), dtype)
-            assert plain_calls.get("npu_mrope") == num_layers, plain_calls
+        assert stack() == "ascend-main", stack()
+        # strict=False for the infrastructure only: vllm_ascend.patch.worker imports torchvision,
+        # which this CPU stack cannot have (its wheels are CUDA builds), so ascend_import_order
+        # logs and stays unapplied here. Both modules must still bind.
+        cfg = ExtConfig(rope_cache=True, mc2=True, mc2_min_tokens=MIN_TOKENS, strict=False)
+        applied, states = plugin.apply_patches(cfg)
+        assert "ascend_import_order" not in applied, applied
+        assert {n: s.state for n, s in states.items() if s.state != "off"} == {
+            "rope_cache": "active", "mc2": "active"}, states
+        assert "rope_cache_ascend" in applied and "mc2_ascend" in applied, applied
 
-            assert stack() == "ascend-main", stack()
-            # strict=False for the infrastructure only: vllm_ascend.patch.worker imports torchvision,
-            # which this CPU stack cannot have (its wheels are CUDA builds), so ascend_import_order
-            # logs and stays unapplied here. Both modules must still bind.
-            cfg = ExtConfig(rope_cache=True, mc2=True, mc2_min_tokens=MIN_TOKENS, strict=False)
-            applied, states = plugin.apply_patches(cfg)
-            assert "ascend_import_order" not in applied, applied
-            assert {n: s.state for n, s in states.items() if s.state != "off"} == {
-                "rope_cache": "active", "mc2": "active"}, states
-            assert "rope_cache_ascend" in applied and "mc2_ascend" in applied, applied
+        rope_cache.reset_counters()
+        mc2_row_parallel.reset_counts()
+        lane.fresh_model_state(vllm_config)
+        patched = lane.build(vllm_config, weights=plain.state_dict())
+        got, patched_calls = run_step(patched, model_runner_v1, torch.Generator().manual_seed(1 + rank), dtype)
+        counters = rope_cache.counters()
+        assert counters["step_gathers"] == 1 and counters["layer_gathers"] == 0, counters
+        assert patched_calls.get("npu_apply_rotary_pos_emb") == num_layers, patched_calls
+        assert "npu_mrope" not in patched_calls, patched_calls
+        fused_expected = 2 * num_layers if (tp > 1 and dtype != torch.float32) else 0
+        assert patched_calls.get("npu_mm_all_reduce_base", 0) == fused_expected, patched_calls
+        mc2_counts = mc2_row_parallel.counts()
+        takes = 4 * num_layers if tp > 1 else 0
+        assert mc2_counts == {"calls": takes, "fused": fused_expected}, mc2_counts
 
-            rope_cache.reset_counters()
-            mc2_row_parallel.reset_counts()
-            fresh_model_state(vllm_config)
-            patched = build(vllm_config, weights=plain.state_dict())
-            got, patched_calls = run_step(patched, model_runner_v1, torch.Generator().manual_seed(1 + rank), dtype)
-            counters = rope_cache.counters()
-            assert counters["step_gathers"] == 1 and counters["layer_gathers"] == 0, counters
-            assert patched_calls.get("npu_apply_rotary_pos_emb") == num_layers, patched_calls
-            assert "npu_mrope" not in patched_calls, patched_calls
-            fused_expected = 2 * num_layers if (tp > 1 and dtype != torch.float32) else 0
-            assert patched_calls.get("npu_mm_all_reduce_base", 0) == fused_expected, patched_calls
-            mc2_counts = mc2_row_parallel.counts()
-            takes = 4 * num_layers if tp > 1 else 0
-            assert mc2_counts == {"calls": takes, "fused": fused_expected}, mc2_counts
+        tolerance = {"rtol": 1e-6, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+        for i, (a, b) in enumerate(zip(got, expected)):
+            torch.testing.assert_close(a, b, **tolerance, msg=lambda m, i=i: f"output {i}: {m}")
 
-            tolerance = {"rtol": 1e-6, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
-            for i, (a, b) in enumerate(zip(got, expected)):
-                torch.testing.assert_close(a, b, **tolerance, msg=lambda m, i=i: f"output {i}: {m}")
+        plugin_patches = list(applied)
+        while applied:
+            from rollout_ext import patches
 
-            plugin_patches = list(applied)
-            while applied:
-                from rollout_ext import patches
-
-                patches.load(applied.pop()).revert()
-            assert AscendRotaryEmbedding.__dict__["forward_oot"] is originals["forward_oot"]
-            assert AscendRotaryEmbedding.__dict__["__init__"] is originals["rope_init"]
-            assert AscendRowParallelLinear.__dict__["forward"] is originals["row_forward"]
-            assert model_runner_v1.update_cos_sin is originals["update_cos_sin"]
-            report = {"tp": tp, "dtype": dtype_name, "layers": num_layers, "unpatched_calls": plain_calls,
-                      "patched_calls": patched_calls, "rope": counters, "mc2": mc2_counts,
-                      "applied": plugin_patches}
-            print(f"rank {rank}: ok {json.dumps(report)}", flush=True)
-        finally:
-            parallel_state.destroy_model_parallel()
-            parallel_state.destroy_distributed_environment()
+            patches.load(applied.pop()).revert()
+        assert AscendRotaryEmbedding.__dict__["forward_oot"] is originals["forward_oot"]
+        assert AscendRotaryEmbedding.__dict__["__init__"] is originals["rope_init"]
+        assert AscendRowParallelLinear.__dict__["forward"] is originals["row_forward"]
+        assert model_runner_v1.update_cos_sin is originals["update_cos_sin"]
+        report = {"tp": tp, "dtype": dtype_name, "layers": num_layers, "unpatched_calls": plain_calls,
+                  "patched_calls": patched_calls, "rope": counters, "mc2": mc2_counts,
+                  "applied": plugin_patches}
+        print(f"rank {rank}: ok {json.dumps(report)}", flush=True)
 
 
 if __name__ == "__main__":

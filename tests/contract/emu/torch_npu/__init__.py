@@ -208,6 +208,43 @@ def npu_mrope(*args, **kwargs):
     return outputs[0], outputs[1]
 
 
+# ---- npu_rms_norm / npu_add_rms_norm / npu_swiglu (aclnn RmsNorm, AddRmsNorm, SwiGlu) ----
+def _rms_norm(x, gamma, epsilon):
+    x32 = x.float()
+    rstd = torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + epsilon)
+    return (x32 * rstd * gamma.float()).to(x.dtype), rstd
+
+
+def npu_rms_norm(*args, **kwargs):
+    """(y, rstd): y = x / sqrt(mean(x^2) + epsilon) * gamma over the last dim, rstd in fp32."""
+    a = bind("npu_rms_norm", args, kwargs)
+    x, gamma = a["input"], a["gamma"]
+    if gamma.shape != x.shape[-gamma.dim():]:
+        raise ValueError(f"npu_rms_norm: gamma {tuple(gamma.shape)} does not match input {tuple(x.shape)}")
+    return _rms_norm(x, gamma, a["epsilon"])
+
+
+def npu_add_rms_norm(*args, **kwargs):
+    """(y, rstd, x): x = x1 + x2, then npu_rms_norm(x, gamma, epsilon)."""
+    a = bind("npu_add_rms_norm", args, kwargs)
+    x1, x2, gamma = a["x1"], a["x2"], a["gamma"]
+    if x1.shape != x2.shape or x1.dtype != x2.dtype:
+        raise ValueError(f"npu_add_rms_norm: x1 {tuple(x1.shape)} and x2 {tuple(x2.shape)} must match")
+    x = x1 + x2
+    y, rstd = _rms_norm(x, gamma, a["epsilon"])
+    return y, rstd, x
+
+
+def npu_swiglu(*args, **kwargs):
+    """SwiGlu(x) = Swish(A) * B with A, B the two halves of x along `dim`."""
+    a = bind("npu_swiglu", args, kwargs)
+    x, dim = a["input"], a["dim"]
+    if x.shape[dim] % 2:
+        raise ValueError(f"npu_swiglu: dim {dim} of {tuple(x.shape)} must be even")
+    first, second = x.chunk(2, dim=dim)
+    return torch.nn.functional.silu(first) * second
+
+
 # ---- npu_mm_all_reduce_base (MatmulAllReduce, documented formula) ----
 def npu_mm_all_reduce_base(*args, **kwargs):
     """output = allreduce(x1 @ x2 + bias) over the group named by hcom (sum only)."""
