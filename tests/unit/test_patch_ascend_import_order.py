@@ -111,7 +111,10 @@ def test_broken_ascend_patch_fails_strict_and_is_skipped_otherwise(tmp_path):
     root = make_vllm_ascend(tmp_path, broken="worker")
     proc = run_register(root, check=False)
     assert proc.returncode != 0
-    assert "PatchError: rollout_ext patch 'ascend_import_order': importing vllm_ascend.patch.worker failed" in proc.stderr
+    # Strict mode collects every failure into one PatchError: this one, and mc2, which cannot bind
+    # on the stand-in (it has no vllm_ascend.ops).
+    assert "PatchError: rollout_ext: 2 patches cannot apply (ROLLOUT_EXT_STRICT=1)" in proc.stderr
+    assert "rollout_ext patch 'ascend_import_order': importing vllm_ascend.patch.worker failed" in proc.stderr
     result = run_register(root, strict=False)
     assert "ascend_import_order" not in result["applied"]
     assert result["applied"] == ["engine_config_check"]
