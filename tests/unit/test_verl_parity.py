@@ -143,3 +143,25 @@ def test_lora_rank_checked_like_vllm():
         verl_config.validate_config(cfg, use_reference_policy=False, use_critic=False)  # verl alone passes it
     finally:
         parity.load("lora_rank_check").apply()
+
+
+def test_unset_rollout_name_gets_verls_own_error():
+    import verl.utils.config as verl_config
+
+    def error_of(cfg):
+        try:
+            verl_config.validate_config(cfg, use_reference_policy=False, use_critic=False)
+        except Exception as e:  # whatever verl raises, compared with and without the patch
+            return type(e), str(e)
+        return None
+
+    cfg = ppo_config("actor_rollout_ref.rollout.name=???")
+    patched = error_of(cfg)
+    parity.load("lora_rank_check").revert()
+    try:
+        alone = error_of(cfg)  # verl without any parity patch
+    finally:
+        parity.load("lora_rank_check").apply()
+    # validate_config itself does not read the name, so verl alone passes; the parity wrapper must
+    # not raise omegaconf's MissingMandatoryValue from rollout_ext's frame before verl's own check.
+    assert patched == alone

@@ -33,10 +33,20 @@ def check_target(patch: str, func, expected_params: tuple[str, ...]) -> None:
         )
 
 
+def backend_name(rollout_config) -> str | None:
+    """The rollout's name, or None when unset: an unset ('???') DictConfig name is left for verl
+    to report in its own words, not raised here as omegaconf's MissingMandatoryValue."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(rollout_config, DictConfig) and OmegaConf.is_missing(rollout_config, "name"):
+        return None
+    return getattr(rollout_config, "name", None)
+
+
 @contextmanager
 def named_as_vllm(rollout_config) -> Iterator[None]:
     """While inside, a rollout_ext RolloutConfig (dataclass) or rollout DictConfig says name='vllm'."""
-    if getattr(rollout_config, "name", None) != BACKEND:
+    if backend_name(rollout_config) != BACKEND:
         yield
         return
     set_name(rollout_config, VLLM_BACKEND)
