@@ -4,9 +4,8 @@ when it is not where the binding expects it."""
 from __future__ import annotations
 
 import importlib
-import inspect
 
-from rollout_ext.patches._base import PatchError
+from rollout_ext.patches._base import PatchError, require_signature
 
 
 def ascend_label() -> str:
@@ -35,13 +34,8 @@ def require_hook(patch: str, module_name: str, qualname: str):
 
 
 def require_params(patch: str, func, params: list[str]) -> None:
-    """Like _base.require_signature, but names the vllm-ascend version."""
-    found = [p for p in inspect.signature(func).parameters if p != "self"]
-    if found[: len(params)] != params:
-        raise PatchError(
-            f"rollout_ext patch {patch!r}: {func.__qualname__} has parameters {found}, expected {params} "
-            f"({ascend_label()}). The upstream code moved; this binding needs updating."
-        )
+    """_base.require_signature, naming the vllm-ascend version."""
+    require_signature(patch, func, params, upstream=ascend_label())
 
 
 def require_own(patch: str, cls: type, attr: str) -> None:

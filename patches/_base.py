@@ -32,13 +32,14 @@ def require_vllm(patch: str, spec: str = SUPPORTED_VLLM, version: Version | None
     return version
 
 
-def require_signature(patch: str, func, params: list[str]) -> None:
-    """Fail when upstream renamed or reordered the parameters our replacement relies on."""
+def require_signature(patch: str, func, params: list[str], upstream: str | None = None) -> None:
+    """Fail when upstream renamed or reordered the parameters our replacement relies on.
+    `upstream` names the code's version in the message (default: the installed vLLM)."""
     found = [p for p in inspect.signature(func).parameters if p != "self"]
     if found[: len(params)] != params:
         raise PatchError(
             f"rollout_ext patch {patch!r}: {func.__qualname__} has parameters {found}, expected {params} "
-            f"(vllm {vllm_version()}). The upstream code moved; this patch needs updating."
+            f"({upstream or f'vllm {vllm_version()}'}). The upstream code moved; this patch needs updating."
         )
 
 

@@ -33,12 +33,10 @@ def module_report(cfg: ExtConfig) -> dict[str, dict]:
     reverted), so a module reported active has bound to the classes this process would build."""
     import msgspec
 
-    from rollout_ext import modules, plugin
+    from rollout_ext import modules, patches, plugin
 
     trial = msgspec.structs.replace(cfg, strict=False)
     applied, states = plugin.apply_patches(trial)
-    from rollout_ext import patches
-
     while applied:
         patches.load(applied.pop()).revert()
     report = {}
