@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from rollout_ext.testing.equivalence import assert_equivalent, module_env
+from rollout_ext.testing.equivalence import OFF_ENV, assert_equivalent, module_env
 
 pytestmark = pytest.mark.heavy
 
@@ -20,7 +20,8 @@ def plugin_lines(log: str) -> list[dict]:
 
 
 def test_tp2_eager_plugin_in_every_process_and_output_unchanged(greedy_run, baseline):
-    with_plugin = baseline("qwen2", 2, True)
+    # The deployed layout: EngineCore in its own process, as verl's servers and `vllm serve` run it.
+    with_plugin = greedy_run("qwen2", 2, True, OFF_ENV, in_process=False)
     lines = plugin_lines(with_plugin.log)
     processes = {line["proc"] for line in lines}
     assert {"MainProcess", "EngineCore", "VllmWorker-0", "VllmWorker-1"} <= processes, lines
@@ -30,12 +31,14 @@ def test_tp2_eager_plugin_in_every_process_and_output_unchanged(greedy_run, base
     without = greedy_run("qwen2", 2, True, VANILLA)
     assert plugin_lines(without.log) == []
     assert_equivalent(with_plugin, without, atol=0.0)
+    # The process layout changes nothing either: the in-process baseline every module is compared with.
+    assert_equivalent(baseline("qwen2", 2, True), with_plugin, atol=0.0)
 
 
 def test_tp1_compiled_default_modules_output_unchanged(greedy_run):
     defaults = greedy_run("qwen2", 1, False, module_env(rope_cache="1"))
     lines = plugin_lines(defaults.log)
-    assert {"MainProcess", "EngineCore"} <= {line["proc"] for line in lines}
+    assert [line["proc"] for line in lines] == ["MainProcess"]  # EngineCore and worker run in it
     assert all(line["modules"] == "rope_cache" for line in lines)
     without = greedy_run("qwen2", 1, False, VANILLA)
     assert_equivalent(defaults, without, atol=1e-4)

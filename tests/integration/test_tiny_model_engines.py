@@ -54,6 +54,7 @@ def test_vllm_greedy_equals_hf_generate(arch, tiny_model_dir, tmp_path, engine_c
     for name, value in engine_cache_env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("VLLM_PLUGINS", "")  # the checkpoint alone, no rollout_ext patches
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # one process: ~30 s less on 2 cores
     proc = subprocess.run([sys.executable, str(script), str(model_dir), json.dumps(prompt_ids), str(MAX_TOKENS)],
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
