@@ -72,3 +72,36 @@ class Swaps:
                 delattr(owner, attr)
             else:
                 setattr(owner, attr, own)
+
+
+class Wrap:
+    """A patch that replaces one function with a wrapper of it: the apply/guard/undo every
+    single-site patch shares. `owner` is a module path, `attr` a name in it ("func" or
+    "Class.method"); `make(original)` returns the replacement; `guard(name, original)` raises when
+    upstream moved. The patch file's own apply() and revert() are this object's."""
+
+    def __init__(self, name: str, owner: str, attr: str, make, guard):
+        self.name, self.owner, self.attr, self.make, self.guard = name, owner, attr, make, guard
+        self._swaps = Swaps(name)
+
+    @property
+    def applied(self) -> bool:
+        return self._swaps.applied
+
+    def apply(self, cfg=None) -> bool:
+        if self._swaps.applied:
+            return True
+        import functools
+        import importlib
+
+        holder = importlib.import_module(self.owner)
+        *path, leaf = self.attr.split(".")
+        for part in path:
+            holder = getattr(holder, part)
+        original = getattr(holder, leaf)
+        self.guard(self.name, original)
+        self._swaps.replace(holder, leaf, functools.wraps(original)(self.make(original)))
+        return True
+
+    def revert(self) -> None:
+        self._swaps.revert()

@@ -3,11 +3,12 @@
 Replaces: the hand edit users make in verl's fsdp_workers.py (`import vllm_ascend.patch.worker`),
 which exists because vllm-ascend's worker patches must run before other code binds vLLM symbols
 (a `from vllm... import X` made earlier keeps the unpatched X).
-Why here: the plugin's register() is the first rollout_ext code in every vLLM process, and this patch
+Why: the plugin's register() is the first rollout_ext code in every vLLM process, and this patch
 is first in the registry, so vllm-ascend's patches land before ours in every process.
 Targets: any vLLM; a no-op when vllm_ascend is not importable. Upstream: vllm-ascend's
 vllm_ascend/patch/{platform,worker}. Undo: revert() forgets the record; imported modules stay
 imported (Python cannot un-import, and vllm-ascend's patches have no undo).
+Remove when vllm-ascend applies its worker patches before other general plugins load.
 """
 
 from __future__ import annotations

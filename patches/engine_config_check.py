@@ -8,6 +8,7 @@ mlp_only_tp refuses an unsupported architecture), keeps the merged config (`engi
 tells the plugin, so modules that do nothing at this TP size are reported inert.
 Targets: vllm>=0.23,<0.28 (create_engine_config(self, usage_context, headless)). Upstream: none.
 Undo: revert().
+Remove when vLLM gives plugins a hook at engine-config time.
 """
 
 from __future__ import annotations

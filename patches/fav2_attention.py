@@ -24,6 +24,7 @@ Mechanism: class attribute swap (vllm-ascend's impl is not a CustomOp). Eager an
 the swapped method runs where the original ran.
 Targets: vllm>=0.23,<0.28 with a matching vllm-ascend. Upstream: vllm-ascend attention_v1.py.
 Undo: revert().
+Remove when vllm-ascend's own prefill kernel matches FAV2 on long rollout prompts.
 """
 
 from __future__ import annotations

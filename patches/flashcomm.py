@@ -36,6 +36,7 @@ Targets: vllm>=0.23,<0.28 (forward(self, input_) on both linear classes; model f
 positions, intermediate_tensors, inputs_embeds); ForwardContext.skip_compiled).
 Upstream: vllm-ascend FLASHCOMM1 (VLLM_ASCEND_ENABLE_FLASHCOMM1); vLLM's sequence-parallelism pass.
 Undo: revert() restores every swapped attribute.
+Remove when vllm-ascend ships token-sharded row-parallel layers again (dropped by its PR #13946).
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ Targets: vllm>=0.23,<0.28 (RowParallelLinear.forward(self, input_); attributes t
 reduce_results, input_is_parallel, skip_bias_add, return_bias, quant_method, prefix).
 Upstream: vllm-ascend's matmul-allreduce RowParallelLinear (removed there), torch_npu MC2 docs.
 Undo: revert() restores the previous registry entry and the compile-hash wrapper.
+Remove when vLLM fuses RowParallelLinear's matmul and all-reduce for large steps itself.
 """
 
 from __future__ import annotations

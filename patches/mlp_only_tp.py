@@ -23,6 +23,7 @@ and traced source, not weight shapes).
 Forward code is untouched, so eager and torch.compile behave alike; no runtime threshold is involved.
 Targets: vllm>=0.23,<0.28 (same attention constructors and `disable_tp` in 0.23.0 and 0.27.1).
 Upstream: none in vLLM; vllm-ascend's MLP optimisation. Undo: revert().
+Remove when vllm-ascend's fine-grained TP (mlp_tensor_parallel_size) accepts dense models.
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ torch.library custom op that mutates a CPU tensor, so counting also works inside
 
 Undo: revert() restores the three originals. Modules built while patched keep their (unused)
 buffer; their forward is vLLM's again.
+Remove when vLLM gathers rope cos/sin once per forward itself.
 """
 
 from __future__ import annotations

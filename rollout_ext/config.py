@@ -48,6 +48,9 @@ class ExtConfig(msgspec.Struct, frozen=True, kw_only=True):
     fav2: bool = False
     # Fail when a patch cannot be applied; with 0, log it and leave vLLM unpatched.
     strict: bool = True
+    # This replica's weights are synced from a trainer (rollout_ext's verl replica sets it for
+    # hybrid and colocated rollouts); on CPU, linear layers then keep a reloadable weight.
+    weight_sync: bool = False
     # CANN TASK_QUEUE_ENABLE (0, 1 or 2); None when unset.
     task_queue_enable: int | None = None
     # CANN HCCL_OP_EXPANSION_MODE; None when unset.
@@ -182,6 +185,7 @@ _SWITCHES: list[tuple[str, Callable[[str, str], object]]] = [
     ("mc2_min_tokens", _positive_int),
     ("flashcomm_min_tokens", _positive_int),
     ("strict", _bool),
+    ("weight_sync", _bool),
     ("graph_mode", _bool),
 ]
 

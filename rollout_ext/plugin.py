@@ -91,13 +91,14 @@ def apply_patches(cfg: ExtConfig, stack: str | None = None) -> tuple[list[str], 
 
     for name in patches.INFRASTRUCTURE:
         try:
-            patches.load(name).apply(cfg)
+            result = patches.load(name).apply(cfg)
         except patches.PatchError as e:
             failures.append(str(e))
             if not cfg.strict:
                 logger.error("rollout_ext: %s; leaving vLLM unpatched for %s (ROLLOUT_EXT_STRICT=0)", e, name)
             continue
-        applied.append(name)
+        if result is not False:  # False: the patch has nothing to do in this process
+            applied.append(name)
 
     for module in modules.MODULES:
         binding = module.stacks[stack]

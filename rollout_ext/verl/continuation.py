@@ -23,24 +23,21 @@ replicas). Seeded sampling does not: every chunk restarts the request's generato
 are not checked across chunk boundaries; use `stop_token_ids`. Multimodal requests, and routers
 that do not offer `chunk_tokens()`, are generated in one piece by verl's own code.
 
-Selection: pass `client_cls=ChunkedLLMServerClient` to `LLMServerManager.get_client`, or call
-`apply()` so that `get_client()` without a class returns it when rollout.name is rollout_ext.
+Selection: pass `client_cls=ChunkedLLMServerClient` to `LLMServerManager.get_client`; for
+rollout.name=rollout_ext jobs `get_client()` without a class returns it (patches/verl_chunked_client.py).
 The chunk size comes from the router (`chunk_tokens` in the router YAML) unless given here.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any
 
 import ray
 from verl.utils import normalize_token_ids
-from verl.workers.rollout.llm_server import LLMServerClient, LLMServerManager
+from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
-from rollout_ext.patches._base import Swaps
-from rollout_ext.verl.names import BACKEND
 
 logger = logging.getLogger("rollout_ext")
 
@@ -161,26 +158,3 @@ def _model_eos_ids(config, tokenizer) -> set[int]:
     if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
         ids.add(int(tokenizer.eos_token_id))
     return ids
-
-
-# ---- selection: get_client() without a class gives rollout_ext jobs the chunked client ---------------
-_swaps = Swaps("chunked_client")
-
-
-def apply() -> None:
-    """Idempotent. Explicit client classes (e.g. FullyAsyncLLMServerClient) are left alone."""
-    if _swaps.applied:
-        return
-    original = LLMServerManager.get_client
-
-    @functools.wraps(original)
-    def get_client(self, client_cls=None, **kwargs):
-        if client_cls is None and self.rollout_config.get("name") == BACKEND:
-            client_cls = ChunkedLLMServerClient
-        return original(self, client_cls=client_cls, **kwargs)
-
-    _swaps.replace(LLMServerManager, "get_client", get_client)
-
-
-def revert() -> None:
-    _swaps.revert()

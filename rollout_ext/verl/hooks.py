@@ -1,6 +1,6 @@
 """Run a callback right after a module is imported, or now if it already is.
 
-verl's registries and the functions our parity patches wrap live in modules that pull in Ray,
+verl's registries and the functions our verl-side patches wrap live in modules that pull in Ray,
 pydantic or vLLM. Registration happens during `import verl`, when none of them is loaded yet, so
 we wait for each module to be imported by verl itself instead of importing it early. The callback
 runs after the module body and before the importer gets the module back, so even

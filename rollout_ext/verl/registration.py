@@ -5,13 +5,15 @@
 - `_ROLLOUT_REGISTRY[("rollout_ext", "async")]` (verl.workers.rollout.base): the hybrid engine's
   ServerAdapter is verl's vLLM one, since our servers speak the vLLM server protocol.
 Both entries are added when verl itself imports those modules (see hooks.py), so `import verl`
-stays as fast as without the plugin. The same way, once verl imports its LLM server client, jobs with
-rollout.name=rollout_ext get the chunked client from `get_client()` (rollout_ext/verl/continuation.py).
+stays as fast as without the plugin. The verl-side patches (rollout_ext.patches, side "verl") are
+scheduled the same way, and with VERL_PLATFORM=cpu the CPU platform is registered
+(rollout_ext/verl/cpu_platform.py).
 """
 
 from __future__ import annotations
 
-from rollout_ext.verl import parity
+from rollout_ext import patches
+from rollout_ext.verl import cpu_platform
 from rollout_ext.verl.hooks import when_imported
 from rollout_ext.verl.names import BACKEND, VLLM_BACKEND
 
@@ -24,11 +26,10 @@ def register() -> None:
     if _registered:
         return
     _registered = True
+    cpu_platform.register()
     when_imported("verl.workers.rollout.replica", _add_replica_loader)
     when_imported("verl.workers.rollout.base", _add_server_adapter)
-    # rollout_ext jobs get the chunked client (re-dispatch at chunk boundaries, docs/router.md).
-    when_imported("verl.workers.rollout.llm_server", _use_chunked_client)
-    parity.apply_when_imported()
+    patches.apply_verl()
 
 
 def load_replica_class():
@@ -39,12 +40,6 @@ def load_replica_class():
 
 def _add_replica_loader(module) -> None:
     module.RolloutReplicaRegistry.register(BACKEND, load_replica_class)
-
-
-def _use_chunked_client(module) -> None:
-    from rollout_ext.verl import continuation
-
-    continuation.apply()
 
 
 def _add_server_adapter(module) -> None:

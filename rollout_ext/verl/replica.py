@@ -16,6 +16,7 @@ import logging
 from collections.abc import Mapping
 
 import ray
+from verl.workers.rollout.replica import RolloutMode
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
 from verl.workers.rollout.vllm_rollout.vllm_pd_replica import vLLMPDReplica
 
@@ -73,22 +74,26 @@ class _ActorClassWithEnv:
 
 def _server_class(replica) -> _ActorClassWithEnv:
     env = server_env_vars(replica.replica_rank, replica.world_size, device_type())
+    if replica.rollout_mode in (RolloutMode.HYBRID, RolloutMode.COLOCATED):
+        # The trainer syncs weights into these servers (patches/cpu_weight_reload.py needs to know).
+        env["ROLLOUT_EXT_WEIGHT_SYNC"] = "1"
     return _ActorClassWithEnv(ray.remote(RolloutExtHttpServer), env)
 
 
-class RolloutExtReplica(vLLMReplica):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+class _WithPluginEnv:
+    """Servers start with the plugin env; built at launch, once verl has set the rollout mode."""
+
+    async def launch_servers(self):
         self.server_class = _server_class(self)
+        return await super().launch_servers()
 
     def _get_server_name_prefix(self) -> str:
         return f"{BACKEND}_"
 
 
-class RolloutExtPDReplica(vLLMPDReplica):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.server_class = _server_class(self)
+class RolloutExtReplica(_WithPluginEnv, vLLMReplica):
+    pass
 
-    def _get_server_name_prefix(self) -> str:
-        return f"{BACKEND}_"
+
+class RolloutExtPDReplica(_WithPluginEnv, vLLMPDReplica):
+    pass

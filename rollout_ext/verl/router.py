@@ -104,6 +104,7 @@ class TailAwareRouter:
         self._waiters: dict[str, asyncio.Future] = {}
         self._group_sizes: dict[str, int] = {}
         self._acquires = 0
+        self._epochs = 0
         # Chunks that ended on each replica with the sequence still unfinished (it may move next).
         self._open_releases: dict[str, int] = {}
         self.add_servers(servers)
@@ -207,12 +208,17 @@ class TailAwareRouter:
         """Continuation chunk size that ChunkedLLMServerClient asks for (0: generate in one piece)."""
         return self.config.chunk_tokens
 
-    def end_epoch(self) -> None:
-        """Call after each training step's rollout: the length predictor turns this batch into history."""
+    def end_epoch(self) -> dict:
+        """Call after each training step's rollout (patches/verl_epoch_end.py does, in verl jobs):
+        the length predictor turns this batch into history. Returns the epochs closed so far and
+        the policy's moves."""
         predictor = getattr(self.policy, "predictor", None)
         if predictor is not None:
             predictor.end_epoch()
         self._group_sizes.clear()  # sample indices restart with the next batch
+        self._epochs += 1
+        return {"epochs": self._epochs, "moves": self.policy.moves, "finished": len(self.policy.finished),
+                "acquires": self._acquires}
 
     def policy_key(self, request_id: str) -> str | None:
         return self._key.get(request_id)

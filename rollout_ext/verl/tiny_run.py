@@ -102,3 +102,27 @@ def write_arith_parquet(path: str | Path, num_prompts: int, seed: int = 0) -> Pa
     path.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_parquet(path)
     return path
+
+
+def write_vowel_parquet(path: str | Path, num_prompts: int, seed: int = 0) -> Path:
+    """Prompts for examples/vowel_reward.py in verl's RLHFDataset layout (the reward reads no answer)."""
+    import random
+
+    import pandas as pd
+
+    rng = random.Random(seed)
+    words = ["river", "stone", "cloud", "garden", "window", "planet", "music", "winter"]
+    rows = []
+    for index in range(num_prompts):
+        word = rng.choice(words)
+        rows.append({
+            "data_source": "vowels",
+            "prompt": [{"role": "user", "content": f"Say something about the {word} {index}."}],
+            "ability": "toy",
+            "reward_model": {"style": "rule", "ground_truth": ""},
+            "extra_info": {"index": index},
+        })
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_parquet(path)
+    return path

@@ -46,10 +46,12 @@ def test_registry_order_and_selection():
     assert patches.selected(ExtConfig.from_env({"ROLLOUT_EXT_ROPE_CACHE": "0"})) == [
         "ascend_import_order",
         "engine_config_check",
+        "cpu_weight_reload",
     ]
     cfg = ExtConfig.from_env({"ROLLOUT_EXT_MC2": "1", "ROLLOUT_EXT_MLP_ONLY_TP": "1"})
     assert patches.selected(cfg) == [
-        "ascend_import_order", "engine_config_check", "rope_cache", "mc2_row_parallel", "mlp_only_tp",
+        "ascend_import_order", "engine_config_check", "cpu_weight_reload", "rope_cache", "mc2_row_parallel",
+        "mlp_only_tp",
     ]
     with pytest.raises(KeyError, match="unknown rollout_ext patch 'nope'"):
         patches.load("nope")

@@ -57,25 +57,27 @@ def _manager(name: str):
 def test_apply_selects_the_chunked_client_for_rollout_ext_only():
     from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServerClient, LLMServerManager
 
+    from rollout_ext import patches
     from rollout_ext.verl import continuation
 
+    selection = patches.load("verl_chunked_client")
     # verl's entry point registered rollout_ext, which applied this when verl imported llm_server.
     assert hasattr(LLMServerManager.get_client, "__wrapped__")
-    continuation.revert()
+    selection.revert()
     original = LLMServerManager.get_client
     assert type(_manager("rollout_ext").get_client()) is LLMServerClient
-    continuation.apply()
-    continuation.apply()  # idempotent
+    selection.apply()
+    selection.apply()  # idempotent
     try:
         ours, theirs = _manager("rollout_ext"), _manager("vllm")
         assert type(ours.get_client()) is continuation.ChunkedLLMServerClient
         assert type(theirs.get_client()) is LLMServerClient
         assert type(ours.get_client(client_cls=FullyAsyncLLMServerClient)) is FullyAsyncLLMServerClient
     finally:
-        continuation.revert()
+        selection.revert()
     assert LLMServerManager.get_client is original
     assert type(_manager("rollout_ext").get_client()) is LLMServerClient
-    continuation.apply()  # leave the process as registration left it
+    selection.apply()  # leave the process as registration left it
 
 
 def test_negative_chunk_is_refused():

@@ -11,8 +11,8 @@ import pytest
 import verl  # noqa: E402,F401
 
 import rollout_ext.verl  # noqa: E402,F401  (registers, in case entry-point plugins are off)
-from rollout_ext.verl import parity  # noqa: E402
-from rollout_ext.verl.parity._guard import ParityPatchError, check_target  # noqa: E402
+from rollout_ext import patches  # noqa: E402
+from rollout_ext.patches._verl import VerlPatchError, check_target  # noqa: E402
 
 
 def rollout_config(name: str, **fields):
@@ -41,7 +41,7 @@ def test_pipeline_parallel_rejected_like_vllm(name):
 
 
 def test_pipeline_parallel_check_comes_from_the_patch():
-    patch = parity.load("rollout_config_checks")
+    patch = patches.load("verl_rollout_config_checks")
     patch.revert()
     try:
         rollout_config("rollout_ext", pipeline_model_parallel_size=2)  # verl alone lets it through
@@ -56,7 +56,7 @@ def test_pd_disaggregation_accepted_like_vllm(name):
 
 
 def test_pd_disaggregation_rejected_without_the_patch():
-    patch = parity.load("rollout_config_checks")
+    patch = patches.load("verl_rollout_config_checks")
     patch.revert()
     try:
         with pytest.raises(ValueError, match="disaggregation"):
@@ -74,17 +74,17 @@ def test_priority_client_sees_vllm_and_leaves_the_trainer_config_alone():
     client = LLMServerClient(config, load_balancer_handle=None)
     assert client.config.actor_rollout_ref.rollout.name == "vllm"
     assert config.actor_rollout_ref.rollout.name == "rollout_ext"
-    parity.load("client_priority").revert()
+    patches.load("verl_client_priority").revert()
     try:
         assert LLMServerClient(config).config.actor_rollout_ref.rollout.name == "rollout_ext"
     finally:
-        parity.load("client_priority").apply()
+        patches.load("verl_client_priority").apply()
 
 
 def test_patches_apply_idempotently_and_revert_cleanly():
     from verl.workers.config.rollout import RolloutConfig
 
-    patch = parity.load("rollout_config_checks")
+    patch = patches.load("verl_rollout_config_checks")
     patched = RolloutConfig.__post_init__
     patch.apply()
     assert RolloutConfig.__post_init__ is patched
@@ -99,7 +99,7 @@ def test_guard_trips_on_a_changed_signature():
     def validate_config(cfg, use_reference_policy):  # first parameter renamed
         return None
 
-    with pytest.raises(ParityPatchError, match="lora_rank_check"):
+    with pytest.raises(VerlPatchError, match="lora_rank_check"):
         check_target("lora_rank_check", validate_config, ("config",))
 
 
@@ -138,11 +138,11 @@ def test_lora_rank_checked_like_vllm():
     with pytest.raises(ValueError, match="lora_rank must be less than or equal to"):
         verl_config.validate_config(cfg, use_reference_policy=False, use_critic=False)
     assert cfg.actor_rollout_ref.rollout.name == "rollout_ext"
-    parity.load("lora_rank_check").revert()
+    patches.load("verl_lora_rank_check").revert()
     try:
         verl_config.validate_config(cfg, use_reference_policy=False, use_critic=False)  # verl alone passes it
     finally:
-        parity.load("lora_rank_check").apply()
+        patches.load("verl_lora_rank_check").apply()
 
 
 def test_unset_rollout_name_gets_verls_own_error():
@@ -157,11 +157,11 @@ def test_unset_rollout_name_gets_verls_own_error():
 
     cfg = ppo_config("actor_rollout_ref.rollout.name=???")
     patched = error_of(cfg)
-    parity.load("lora_rank_check").revert()
+    patches.load("verl_lora_rank_check").revert()
     try:
         alone = error_of(cfg)  # verl without any parity patch
     finally:
-        parity.load("lora_rank_check").apply()
+        patches.load("verl_lora_rank_check").apply()
     # validate_config itself does not read the name, so verl alone passes; the parity wrapper must
     # not raise omegaconf's MissingMandatoryValue from rollout_ext's frame before verl's own check.
     assert patched == alone

@@ -1,4 +1,4 @@
-"""Version and signature guards shared by the parity patches, plus the name swap they all use."""
+"""What the verl-side patches share: the verl version and signature guards, and the rollout-name swap."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from rollout_ext.patches._base import PatchError
 from rollout_ext.platform import dist_version
 from rollout_ext.verl.names import BACKEND, VLLM_BACKEND
 
@@ -16,21 +17,45 @@ from rollout_ext.verl.names import BACKEND, VLLM_BACKEND
 SUPPORTED_VERL = SpecifierSet(">=0.9,<0.10")
 
 
-class ParityPatchError(RuntimeError):
-    """verl changed under a parity patch: the patch would no longer do what its header says."""
+class VerlPatchError(PatchError):
+    """verl changed under a verl-side patch: the patch would no longer do what its header says."""
+
+
+def require_verl(patch: str) -> str:
+    """The installed verl version; fails, naming the patch, outside SUPPORTED_VERL."""
+    found = dist_version("verl")
+    if found is None or Version(Version(found).base_version) not in SUPPORTED_VERL:
+        raise VerlPatchError(f"rollout_ext patch {patch!r}: written for verl {SUPPORTED_VERL}, found {found}")
+    return found
 
 
 def check_target(patch: str, func, expected_params: tuple[str, ...]) -> None:
     """Fail, naming the patch and the verl version, when verl moved or `func` changed shape."""
-    found = dist_version("verl")
-    if found is None or Version(Version(found).base_version) not in SUPPORTED_VERL:
-        raise ParityPatchError(f"rollout_ext.verl.parity.{patch}: written for verl {SUPPORTED_VERL}, found {found}")
+    found = require_verl(patch)
     params = tuple(inspect.signature(func).parameters)
     if params[: len(expected_params)] != expected_params:
-        raise ParityPatchError(
-            f"rollout_ext.verl.parity.{patch}: {func.__qualname__}{params} no longer starts with "
+        raise VerlPatchError(
+            f"rollout_ext patch {patch!r}: {func.__qualname__}{params} no longer starts with "
             f"{expected_params} in verl {found}; re-read the site before re-enabling this patch"
         )
+
+
+def signature(*expected_params: str):
+    """A Wrap guard: verl's version, and `expected_params` leading the wrapped function's signature."""
+
+    def guard(patch: str, func) -> None:
+        check_target(patch, func, expected_params)
+
+    return guard
+
+
+def rollout_ext_job(config) -> bool:
+    """True when a trainer config selects rollout.name=rollout_ext."""
+    try:
+        rollout = config.actor_rollout_ref.rollout
+    except AttributeError:
+        return False
+    return backend_name(rollout) == BACKEND
 
 
 def backend_name(rollout_config) -> str | None:

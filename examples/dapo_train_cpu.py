@@ -1,0 +1,410 @@
+"""DAPO training on CPU, end to end: `python -m verl.trainer.main_ppo` with rollout.name=rollout_ext.
+
+Each step is verl's own: rollout on 2 hybrid rollout_ext replicas behind TailAwareRouter (chunked
+client), reward (examples/vowel_reward.py, a learnable toy task), DAPO's group filter, old log-prob,
+actor update (FSDP2 over gloo, 2 ranks), weight sync into the replicas. The CPU platform for verl
+comes from rollout_ext (VERL_PLATFORM=cpu); see docs/verl.md "Training on CPU".
+
+This script launches main_ppo as a child process group and watches it:
+- one log line per phase (rollout_ext's phase log: gen, old_log_prob, update_actor, update_weights, ...)
+  and a one-line summary per step;
+- fail fast: if a replica or trainer process dies, or the child reports an error, the whole group
+  is killed within seconds and the script exits 1, naming the step and phase;
+- /dev/shm weight-transfer files the run created are removed on every exit path;
+- --report PATH: JSON, one object per step, with verl's metric names.
+Run it through examples/dapo_tiny_cpu.sh --train (the environment Ray needs to stay on 127.0.0.1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHM = Path("/dev/shm")
+SHM_PREFIXES = ("verl_weights_", "psm_", "sem.mp-")
+PHASE = re.compile(r"rollout_ext phase: (?P<phase>\S+) (?P<what>start|end)")
+ERROR = re.compile(r"(ActorDiedError|RayActorError|RayTaskError|Traceback \(most recent call last\)|"
+                   r"OutOfMemoryError|Error executing job)")
+# The processes whose death ends the run: verl's trainer workers and our replicas' servers.
+WATCHED = ("ray::WorkerDict", "ray::RolloutExtHttpServer", "ray::TaskRunner")
+SHUTDOWN_S = 60
+HEARTBEAT_S = 30
+# Report fields: verl's metric names (trainer/ppo/metric_utils.py, trainer/ppo/v1/utils.py).
+METRICS = (
+    "training/rollout_probs_diff_max",
+    "training/rollout_probs_diff_mean",
+    "actor/grad_norm",
+    "actor/pg_loss",
+    "critic/rewards/mean",
+    "critic/score/mean",
+    "timing_s/gen",
+    "timing_s/old_log_prob",
+    "timing_s/update_actor",
+    "timing_s/update_weights",
+    "timing_s/step",
+)
+
+
+def train_overrides(args, data_dir: Path, router_yaml: Path) -> list[str]:
+    from rollout_ext.verl.tiny_run import rollout_overrides
+
+    actor, rollout = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+    batch = args.prompts_per_step
+    overrides = [
+        *rollout_overrides(args.model, replicas=args.ranks, tp=1, response_length=args.response_length,
+                           rollout_n=args.n),
+        "trainer.use_v1=True",
+        "trainer.v1.trainer_mode=sync",
+        "trainer.device=cpu",
+        f"trainer.n_gpus_per_node={args.ranks}",
+        f"trainer.total_training_steps={args.steps}",
+        "trainer.total_epochs=100",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.logger=[console,file]",
+        "trainer.project_name=rollout_ext",
+        "trainer.experiment_name=dapo_tiny_cpu",
+        f"trainer.default_local_dir={args.workdir / 'checkpoints'}",
+        f"+ray_kwargs.ray_init.num_gpus={args.ranks}",
+        "ray_kwargs.ray_init.num_cpus=16",
+        "+ray_kwargs.ray_init.include_dashboard=False",
+        # DAPO
+        "algorithm.adv_estimator=grpo",
+        "algorithm.use_kl_in_reward=False",
+        "algorithm.filter_groups.enable=True",
+        "algorithm.filter_groups.metric=acc",
+        f"{actor}.use_kl_loss=False",
+        f"{actor}.clip_ratio_low=0.2",
+        f"{actor}.clip_ratio_high=0.28",
+        f"{actor}.loss_agg_mode=token-mean",
+        f"{actor}.strategy=fsdp2",
+        f"{actor}.ppo_mini_batch_size={batch}",
+        f"{actor}.ppo_micro_batch_size_per_gpu={batch * args.n // args.ranks}",
+        f"{actor}.ppo_epochs=1",
+        f"{actor}.optim.lr={args.lr}",
+        f"{actor}.entropy_coeff=0",
+        f"{actor}.fsdp_config.param_offload=False",
+        # fp32 end to end, as the replicas run: the rollout/actor log-prob check then reads ~1e-6.
+        f"{actor}.fsdp_config.dtype=float32",
+        f"+{actor}.fsdp_config.mixed_precision={{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}}",
+        f"{actor}.fsdp_config.use_torch_compile=False",
+        f"{actor}.fsdp_config.optimizer_offload=False",
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        f"{rollout}.log_prob_micro_batch_size_per_gpu={batch * args.n // args.ranks}",
+        f"{rollout}.temperature=1.0",
+        f"{rollout}.router_config_path={router_yaml}",
+        # rollout_overrides sizes standalone replicas; hybrid replicas are the trainer's ranks.
+        f"{rollout}.gpu_memory_utilization=0.5",
+        # data and reward
+        f"data.train_files={data_dir / 'train.parquet'}",
+        f"data.val_files={data_dir / 'val.parquet'}",
+        f"data.train_batch_size={batch}",
+        "data.dataloader_num_workers=0",
+        "reward.reward_manager.name=dapo",
+        # One reward worker and one transfer-queue storage unit (verl's defaults start 8 actors each).
+        "reward.num_workers=1",
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+        f"reward.custom_reward_function.path={REPO / 'examples' / 'vowel_reward.py'}",
+        "+reward.reward_kwargs.overlong_buffer_cfg.enable=True",
+        f"+reward.reward_kwargs.overlong_buffer_cfg.len={args.overlong_buffer}",
+        "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
+        "+reward.reward_kwargs.overlong_buffer_cfg.log=False",
+        f"+reward.reward_kwargs.max_resp_len={args.response_length}",
+    ]
+    return overrides
+
+
+def router_config(args, path: Path) -> Path:
+    """examples/router_tail_aware.yaml with the chunk and slots sized for this tiny run."""
+    import yaml
+
+    config = yaml.safe_load((REPO / "examples" / "router_tail_aware.yaml").read_text())
+    config.update(chunk_tokens=args.chunk_tokens, slots_per_replica=32, default_max_tokens=args.response_length)
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def child_env(args) -> dict[str, str]:
+    from rollout_ext.config import environ_copy
+
+    env = environ_copy()
+    env.update({
+        "VERL_PLATFORM": "cpu",
+        "VLLM_PLUGINS": "rollout_ext",
+        "VERL_FILE_LOGGER_PATH": str(args.workdir / "metrics.jsonl"),
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_DEDUP_LOGS": "0",
+        "VERL_LOGGING_LEVEL": "WARN",
+        "TOKENIZERS_PARALLELISM": "false",
+    })
+    if args.control_no_sync:
+        env["VERL_USE_EXTERNAL_MODULES"] = "rollout_ext.testing.skip_weight_sync"
+    return env
+
+
+class Watch:
+    """What the child has said so far: the current phase, errors, and the watched processes."""
+
+    def __init__(self):
+        self.step, self.phase = 0, "startup"
+        self.steps_done, self.done_at = 0, 0.0
+        self.error: str | None = None
+        self.lines: list[str] = []
+        self.watched: dict[int, str] = {}
+        self.lock = threading.Lock()
+
+    def read(self, stream, log) -> None:
+        for line in stream:
+            log.write(line)
+            log.flush()
+            with self.lock:
+                self.lines.append(line)
+                del self.lines[:-200]
+            match = PHASE.search(line)
+            if match:
+                if match["phase"] == "step":
+                    if match["what"] == "start":
+                        self.step += 1
+                    else:
+                        self.steps_done, self.done_at = self.step, time.monotonic()
+                elif match["what"] == "start":
+                    self.phase = match["phase"]
+                    print(f"[step {self.step}] {self.phase} ...", flush=True)
+                continue
+            if self.error is None and ERROR.search(line):
+                self.error = line.strip()
+
+
+def descendants(root: int) -> dict[int, str]:
+    """pid -> command line of every process under `root` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            names[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = {}, [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found[child] = names.get(child, "")
+            todo.append(child)
+    return found
+
+
+def shm_files() -> set[str]:
+    """verl's weight-transfer files, plus the shared-memory segments vLLM and Python multiprocessing
+    leave behind when Ray kills their processes at shutdown."""
+    if not SHM.is_dir():
+        return set()
+    return {p.name for p in SHM.iterdir() if p.name.startswith(SHM_PREFIXES)}
+
+
+def remove_orphans(names: set[str]) -> int:
+    """Remove the files among `names` that no live process maps; returns how many."""
+    mapped = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                maps = (entry / "maps").read_text()
+            except OSError:
+                continue
+            mapped.update(line.split("/dev/shm/", 1)[1].split()[0] for line in maps.splitlines() if "/dev/shm/" in line)
+    removed = 0
+    for name in names - mapped:
+        try:
+            (SHM / name).unlink()
+            removed += 1
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def run(args) -> int:
+    from rollout_ext.verl.tiny_run import write_vowel_parquet
+
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    data_dir = args.workdir / "data"
+    write_vowel_parquet(data_dir / "train.parquet", 64)
+    write_vowel_parquet(data_dir / "val.parquet", 8, seed=1)
+    metrics_path = args.workdir / "metrics.jsonl"
+    metrics_path.unlink(missing_ok=True)
+    overrides = train_overrides(args, data_dir, router_config(args, args.workdir / "router.yaml"))
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
+    (args.workdir / "command.txt").write_text(" ".join(cmd) + "\n")
+    shm_before = shm_files()
+    watch = Watch()
+    started = time.monotonic()
+    log_path = args.workdir / "main_ppo.log"
+    print(f"main_ppo: {args.steps} steps, log {log_path}", flush=True)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=child_env(args), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", start_new_session=True)
+        reader = threading.Thread(target=watch.read, args=(proc.stdout, log), daemon=True)
+        reader.start()
+        failure = None
+        try:
+            failure = supervise(proc, watch, args, started)
+        except KeyboardInterrupt:
+            failure = "interrupted"
+        finally:
+            if proc.poll() is None:
+                kill_group(proc)
+            reader.join(timeout=10)
+            removed = remove_orphans(shm_files() - shm_before)
+            print(f"/dev/shm: removed {removed} file(s) this run left", flush=True)
+    steps = read_metrics(metrics_path)
+    report = build_report(args, steps, watch, failure, time.monotonic() - started)
+    if args.report:
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.report).write_text(json.dumps(report, indent=1))
+    if failure:
+        print(f"FAILED in step {watch.step}, phase {watch.phase}: {failure}", file=sys.stderr, flush=True)
+        tail = "".join(watch.lines[-30:])
+        print(tail, file=sys.stderr)
+        return 1
+    if len(steps) < args.steps:
+        print(f"FAILED: main_ppo exited 0 after {len(steps)} of {args.steps} steps", file=sys.stderr)
+        return 1
+    return 0
+
+
+def supervise(proc, watch: Watch, args, started: float) -> str | None:
+    """Poll until the child exits; return why it failed, or None."""
+    last_note = (watch.step, watch.phase, time.monotonic())
+    while True:
+        step, phase, since = last_note
+        if (watch.step, watch.phase) != (step, phase):
+            last_note = (watch.step, watch.phase, time.monotonic())
+        elif time.monotonic() - since > HEARTBEAT_S:
+            print(f"[step {step}] {phase} ... still running ({time.monotonic() - started:.0f} s since launch)",
+                  flush=True)
+            last_note = (step, phase, time.monotonic())
+        rc = proc.poll()
+        if rc is not None:
+            return None if rc == 0 else f"main_ppo exited {rc}" + (f" ({watch.error})" if watch.error else "")
+        if watch.error is not None:
+            return f"error reported: {watch.error}"
+        if time.monotonic() - started > args.timeout_s:
+            return f"timed out after {args.timeout_s} s"
+        alive = {pid: cmd for pid, cmd in descendants(proc.pid).items() if cmd.startswith(WATCHED)}
+        if watch.steps_done >= args.steps:
+            # Training is over: processes now exit as verl shuts down. Give it a minute.
+            if time.monotonic() - watch.done_at > SHUTDOWN_S:
+                kill_group(proc)
+                return None
+            time.sleep(1.0)
+            continue
+        for pid, cmd in watch.watched.items():
+            if pid not in alive:
+                return f"process {pid} ({cmd.split()[0]}) died"
+        # A process counts once it has been seen: replicas start after the trainer's workers.
+        watch.watched.update(alive)
+        time.sleep(1.0)
+
+
+def kill_group(proc) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def read_metrics(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def build_report(args, steps: list[dict], watch: Watch, failure: str | None, wall_s: float) -> dict:
+    rows = []
+    for entry in steps:
+        data = entry["data"]
+        row = {"step": entry["step"], **{name: data.get(name) for name in METRICS}}
+        # The trained batch holds only kept groups (verl refills what the filter evicts).
+        row["kept_groups"] = args.prompts_per_step
+        row["filtered_groups"] = data.get("training/filter_groups/evicted_samples", 0)
+        row["router"] = {k.removeprefix("rollout_ext/router_"): v for k, v in data.items()
+                         if k.startswith("rollout_ext/router_")}
+        rows.append(row)
+        print(summary_line(row), flush=True)
+    router = yaml_load(args.workdir / "router.yaml")
+    return {
+        "command": (args.workdir / "command.txt").read_text().strip(),
+        "router_class": router["router_class"],
+        "router_policy": router["policy"],
+        "control_no_sync": args.control_no_sync,
+        "failure": failure,
+        "failed_step": watch.step if failure else None,
+        "failed_phase": watch.phase if failure else None,
+        "wall_s": round(wall_s, 1),
+        "steps": rows,
+    }
+
+
+def yaml_load(path: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load(path.read_text())
+
+
+def summary_line(row: dict) -> str:
+    def num(name, fmt=".3g"):
+        value = row.get(name)
+        return "-" if value is None else format(value, fmt)
+
+    return (f"step {row['step']}: reward {num('critic/score/mean')}  probs_diff_max "
+            f"{num('training/rollout_probs_diff_max')}  grad_norm {num('actor/grad_norm')}  gen "
+            f"{num('timing_s/gen', '.1f')} s  update {num('timing_s/update_actor', '.1f')} s  sync "
+            f"{num('timing_s/update_weights', '.1f')} s  router moves {row['router'].get('moves', '-')}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=str(REPO / ".cache/models/tiny-qwen2"))
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--ranks", type=int, default=2, help="FSDP2 ranks = hybrid rollout replicas")
+    parser.add_argument("--prompts-per-step", type=int, default=4)
+    parser.add_argument("--n", type=int, default=4, help="responses per prompt (DAPO group size)")
+    parser.add_argument("--response-length", type=int, default=16)
+    parser.add_argument("--overlong-buffer", type=int, default=4)
+    parser.add_argument("--chunk-tokens", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--timeout-s", type=float, default=1200)
+    parser.add_argument("--workdir", type=Path, default=REPO / "out/dapo_train")
+    parser.add_argument("--report", default=str(REPO / "out/dapo_train.json"))
+    parser.add_argument("--control-no-sync", action="store_true",
+                        help="control run: skip the weight sync between steps (rollout_probs_diff must then grow)")
+    args = parser.parse_args(argv)
+    for name in ("steps", "ranks", "prompts_per_step", "n", "response_length", "chunk_tokens"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} is not allowed; use an integer >= 1")
+    args.workdir = args.workdir.resolve()
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
