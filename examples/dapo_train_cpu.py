@@ -59,9 +59,11 @@ def train_overrides(args, data_dir: Path, router_yaml: Path) -> list[str]:
 
     actor, rollout = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     batch = args.prompts_per_step
+    # Hybrid replicas are the trainer's ranks: its n_gpus_per_node (below) replaces the standalone one.
+    shared = [o for o in rollout_overrides(args.model, replicas=args.ranks, tp=1, response_length=args.response_length,
+                                           rollout_n=args.n) if not o.startswith("trainer.n_gpus_per_node=")]
     overrides = [
-        *rollout_overrides(args.model, replicas=args.ranks, tp=1, response_length=args.response_length,
-                           rollout_n=args.n),
+        *shared,
         "trainer.use_v1=True",
         "trainer.v1.trainer_mode=sync",
         "trainer.device=cpu",
@@ -105,8 +107,6 @@ def train_overrides(args, data_dir: Path, router_yaml: Path) -> list[str]:
         f"{rollout}.log_prob_micro_batch_size_per_gpu={batch * args.n // args.ranks}",
         f"{rollout}.temperature=1.0",
         f"{rollout}.router_config_path={router_yaml}",
-        # rollout_overrides sizes standalone replicas; hybrid replicas are the trainer's ranks.
-        f"{rollout}.gpu_memory_utilization=0.5",
         # data and reward
         f"data.train_files={data_dir / 'train.parquet'}",
         f"data.val_files={data_dir / 'val.parquet'}",

@@ -120,4 +120,4 @@ def test_control_without_sync_fails_the_check_and_a_killed_replica_ends_the_job(
     steps = {row["step"]: row for row in report["steps"]}
     # The control: replicas kept step 1's weights, so step 2's rollout disagrees with the actor.
     assert steps[2]["training/rollout_probs_diff_max"] > 0.1, steps
-    assert "rollout_ext control: weight sync skipped" in text
+    assert "rollout_ext control: weight sync skipped" in (tmp_path / "main_ppo.log").read_text()
