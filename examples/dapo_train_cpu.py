@@ -37,6 +37,7 @@ ERROR = re.compile(r"(ActorDiedError|RayActorError|RayTaskError|Traceback \(most
 # The processes whose death ends the run: verl's trainer workers and our replicas' servers.
 WATCHED = ("ray::WorkerDict", "ray::RolloutExtHttpServer", "ray::TaskRunner")
 SHUTDOWN_S = 60
+PLUGIN_MARK = "rollout_ext 0.1.0: device="
 HEARTBEAT_S = 30
 # Report fields: verl's metric names (trainer/ppo/metric_utils.py, trainer/ppo/v1/utils.py).
 METRICS = (
@@ -80,6 +81,8 @@ def train_overrides(args, data_dir: Path, router_yaml: Path) -> list[str]:
         f"+ray_kwargs.ray_init.num_gpus={args.ranks}",
         "ray_kwargs.ray_init.num_cpus=16",
         "+ray_kwargs.ray_init.include_dashboard=False",
+        # verl's runtime_env sets VLLM_LOGGING_LEVEL=WARN, which hides the plugin's status line per process.
+        "+ray_kwargs.ray_init.runtime_env.env_vars={VLLM_LOGGING_LEVEL:INFO}",
         # DAPO
         "algorithm.adv_estimator=grpo",
         "algorithm.use_kl_in_reward=False",
@@ -123,6 +126,10 @@ def train_overrides(args, data_dir: Path, router_yaml: Path) -> list[str]:
         "+reward.reward_kwargs.overlong_buffer_cfg.log=False",
         f"+reward.reward_kwargs.max_resp_len={args.response_length}",
     ]
+    if args.profile_rollout:
+        from rollout_ext.verl.profiling import phase_overrides
+
+        overrides += phase_overrides("rollout", args.profile_rollout)
     return overrides
 
 
@@ -352,7 +359,11 @@ def build_report(args, steps: list[dict], watch: Watch, failure: str | None, wal
         rows.append(row)
         print(summary_line(row), flush=True)
     router = yaml_load(args.workdir / "router.yaml")
+    log = (args.workdir / "main_ppo.log").read_text(errors="replace")
+    traces = sorted(str(p) for p in args.profile_rollout.rglob("*") if p.is_file()) if args.profile_rollout else []
     return {
+        "plugin_lines": sorted({line.split("] ", 1)[-1].strip() for line in log.splitlines() if PLUGIN_MARK in line}),
+        "rollout_traces": traces,
         "command": (args.workdir / "command.txt").read_text().strip(),
         "router_class": router["router_class"],
         "router_policy": router["policy"],
@@ -396,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-s", type=float, default=1200)
     parser.add_argument("--workdir", type=Path, default=REPO / "out/dapo_train")
     parser.add_argument("--report", default=str(REPO / "out/dapo_train.json"))
+    parser.add_argument("--profile-rollout", metavar="DIR", type=Path,
+                        help="trace step 1's rollout on replica 0 (verl's rollout profiler, torch/npu tool)")
     parser.add_argument("--control-no-sync", action="store_true",
                         help="control run: skip the weight sync between steps (rollout_probs_diff must then grow)")
     args = parser.parse_args(argv)
@@ -403,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} is not allowed; use an integer >= 1")
     args.workdir = args.workdir.resolve()
+    if args.profile_rollout:
+        args.profile_rollout = args.profile_rollout.resolve()
     return run(args)
 
 

@@ -1,4 +1,5 @@
-"""A verl config and a local Ray cluster for the tiny CPU model: shared by the CPU example and tests.
+"""A verl config, a local Ray cluster and a toy dataset for the tiny CPU model: shared by the CPU examples,
+benches and tests.
 
 Everything stays on this machine: Ray and the servers bind 127.0.0.1, the model and tokenizer are local files, and
 the cluster declares as many logical GPUs as there are rollout replicas, because verl's standalone
@@ -79,29 +80,6 @@ def init_local_ray(num_gpus: int, env_vars: dict[str, str] | None = None) -> Non
             f"Ray bound {sorted(addresses)}, not {LOOPBACK}: start Python with "
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 in its environment"
         )
-
-
-def write_arith_parquet(path: str | Path, num_prompts: int, seed: int = 0) -> Path:
-    """Arithmetic prompts in verl's RLHFDataset layout (prompt messages + rule ground truth)."""
-    import random
-
-    import pandas as pd
-
-    rng = random.Random(seed)
-    rows = []
-    for index in range(num_prompts):
-        a, b = rng.randint(0, 50), rng.randint(0, 50)
-        rows.append({
-            "data_source": "arith",
-            "prompt": [{"role": "user", "content": f"What is {a} + {b}? Answer with a number."}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
-            "extra_info": {"index": index},
-        })
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).to_parquet(path)
-    return path
 
 
 def write_vowel_parquet(path: str | Path, num_prompts: int, seed: int = 0) -> Path:

@@ -3,8 +3,9 @@ real verl 0.9.1, real vLLM, through examples/dapo_train_cpu.py as users run it (
 
 Two jobs, each in a subprocess with a hard timeout:
 1. training: 2 steps must pass, with verl's own proof of the weight sync,
-   `training/rollout_probs_diff_max` < 1e-4 at step 2, a finite non-zero `actor/grad_norm`, and the
-   router (TailAwareRouter) told about each step's end;
+   `training/rollout_probs_diff_max` < 1e-4 at step 2, a finite non-zero `actor/grad_norm`, the
+   router (TailAwareRouter) told about each step's end, the plugin loaded in every process of both
+   replicas, and step 1's rollout traced on replica 0 by verl's rollout profiler;
 2. control + fault: the same job with the weight sync between steps skipped, so step 2's
    rollout_probs_diff_max must exceed 0.1 (the check can fail); then a replica is killed during
    step 3, and the job must end non-zero within 60 s, name the phase, and leave no /dev/shm files.
@@ -12,8 +13,10 @@ Two jobs, each in a subprocess with a hard timeout:
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
+import re
 import os
 import signal
 import subprocess
@@ -48,8 +51,9 @@ def _shm() -> set[str]:
 def trained(repo_root, tiny_qwen2, engine_cache_env, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("train")
     before = _shm()
-    proc = subprocess.run(_cmd(repo_root, tiny_qwen2, workdir, 2), env=_env(engine_cache_env), cwd=repo_root,
-                          capture_output=True, text=True, timeout=900)
+    cmd = _cmd(repo_root, tiny_qwen2, workdir, 2, "--profile-rollout", str(workdir / "traces"))
+    proc = subprocess.run(cmd, env=_env(engine_cache_env), cwd=repo_root, capture_output=True, text=True,
+                          timeout=900)
     return proc, json.loads((workdir / "report.json").read_text()), _shm() - before
 
 
@@ -70,6 +74,26 @@ def test_two_steps_train_and_sync_weights(trained):
     assert report["router_class"] == "rollout_ext.verl.router.TailAwareRouter"
     assert report["router_policy"] == "tail_aware"
     assert not leftover
+
+
+def test_plugin_loaded_in_every_replica_process(trained):
+    _, report, _ = trained
+    lines = report["plugin_lines"]
+    processes = [re.search(r"\(pid (\d+), ([^)]+)\)", line).groups() for line in lines]
+    assert len({pid for pid, _ in processes}) == len(lines) == 6, lines  # 2 replicas x 3 processes
+    assert sorted(name for _, name in processes) == ["EngineCore"] * 2 + ["MainProcess"] * 2 + ["VllmWorker-0"] * 2
+    assert all("device=cpu" in line and "active=[rope_cache]" in line for line in lines)
+
+
+def test_rollout_phase_trace_appears_and_loads(trained):
+    _, report, _ = trained
+    traces = [Path(p) for p in report["rollout_traces"] if ".pt.trace.json" in p]
+    assert traces, report["rollout_traces"]
+    # verl's layout: one directory per profiled replica; rank 0 (replica 0) only by default
+    assert {p.parent.name for p in traces} == {"agent_loop_rollout_replica_0"}
+    opener = gzip.open if traces[0].suffix == ".gz" else open
+    with opener(traces[0], "rt") as f:
+        assert json.load(f)["traceEvents"], "empty trace"
 
 
 def test_phase_lines_and_summaries_are_printed(trained):

@@ -1,42 +1,63 @@
-"""The DAPO pieces of the CPU example: dynamic-sampling filter and overlong penalty (no engine)."""
+"""The CPU training example's own pieces, without an engine: the toy reward, the report line, the
+argument checks and the /dev/shm clean-up."""
 
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
+import uuid
+from pathlib import Path
 
-import numpy as np
 import pytest
+
+
+def _load(repo_root, name):
+    spec = importlib.util.spec_from_file_location(name, repo_root / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
 def example(repo_root):
-    spec = importlib.util.spec_from_file_location("dapo_tiny_cpu", repo_root / "examples" / "dapo_tiny_cpu.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["dapo_tiny_cpu"] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("dapo_tiny_cpu", None)
+    yield _load(repo_root, "dapo_train_cpu")
+    sys.modules.pop("dapo_train_cpu", None)
 
 
-def test_filter_keeps_only_groups_whose_metric_varies(example):
-    uids = np.array(["a", "a", "b", "b", "c", "c"], dtype=object)
-    acc = np.array([0.0, 1.0, 0.0, 0.0, 1.0, 1.0])
-    assert example.kept_groups(uids, acc) == ["a"]
+def test_vowel_reward_varies_and_is_bounded(repo_root):
+    reward = _load(repo_root, "vowel_reward")
+    assert reward.compute_score("toy", "aeiou")["score"] == 1.0
+    assert reward.compute_score("toy", "xyz")["score"] == 0.0
+    assert reward.compute_score("toy", "")["score"] == 0.0
+    assert reward.compute_score("toy", "banana")["score"] == pytest.approx(0.5)
+    assert reward.compute_score("toy", "Ab 12 !")["acc"] == pytest.approx(0.5)  # letters only, any case
 
 
-def test_overlong_penalty_matches_dapo(example):
-    # max 32, buffer 8: free up to 24 tokens, then linear down to -factor at 32
-    assert example.overlong_penalty(20, 32, 8, 1.0) == 0.0
-    assert example.overlong_penalty(24, 32, 8, 1.0) == 0.0
-    assert example.overlong_penalty(28, 32, 8, 1.0) == -0.5
-    assert example.overlong_penalty(32, 32, 8, 0.5) == -0.5
+def test_bad_arguments_name_the_flag(repo_root):
+    proc = subprocess.run([sys.executable, str(repo_root / "examples" / "dapo_train_cpu.py"), "--steps", "0"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--steps=0 is not allowed; use an integer >= 1" in proc.stderr
 
 
-def test_rule_reward(repo_root):
-    spec = importlib.util.spec_from_file_location("arith_reward", repo_root / "examples" / "arith_reward.py")
-    reward = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(reward)
-    assert reward.compute_score("arith", "so 3 + 4 = 7", "7") == {"score": 1.0, "acc": 1.0}
-    assert reward.compute_score("arith", "7 then 8", "7")["acc"] == 0.0
-    assert reward.compute_score("arith", "", "7")["score"] == 0.0
+def test_summary_line_reads_verl_metric_names(example):
+    row = {"step": 2, "critic/score/mean": -0.6, "training/rollout_probs_diff_max": 4e-6, "actor/grad_norm": 6.0,
+           "timing_s/gen": 2.0, "timing_s/update_actor": 0.3, "timing_s/update_weights": 0.1,
+           "router": {"moves": 0}}
+    line = example.summary_line(row)
+    assert line.startswith("step 2: reward -0.6  probs_diff_max 4e-06  grad_norm 6") and "router moves 0" in line
+    assert "reward -" in example.summary_line({"step": 1, "router": {}})  # missing metrics print as "-"
+
+
+def test_only_unmapped_shm_files_are_removed(example):
+    ours = Path("/dev/shm") / f"psm_test{uuid.uuid4().hex[:8]}"
+    held = Path("/dev/shm") / f"psm_test{uuid.uuid4().hex[:8]}"
+    ours.write_bytes(b"x" * 4096)
+    held.write_bytes(b"x" * 4096)
+    import mmap
+
+    with open(held, "r+b") as f, mmap.mmap(f.fileno(), 4096):  # a live process maps it
+        removed = example.remove_orphans({ours.name, held.name})
+        assert removed == 1 and not ours.exists() and held.exists()
+    held.unlink()
