@@ -60,15 +60,13 @@ def train_overrides(args, data_dir: Path, router_yaml: Path) -> list[str]:
 
     actor, rollout = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     batch = args.prompts_per_step
-    # Hybrid replicas are the trainer's ranks: its n_gpus_per_node (below) replaces the standalone one.
-    shared = [o for o in rollout_overrides(args.model, replicas=args.ranks, tp=1, response_length=args.response_length,
-                                           rollout_n=args.n) if not o.startswith("trainer.n_gpus_per_node=")]
     overrides = [
-        *shared,
+        # Hybrid replicas are the trainer's ranks.
+        *rollout_overrides(args.model, replicas=args.ranks, tp=1, response_length=args.response_length,
+                           rollout_n=args.n, trainer_gpus_per_node=args.ranks),
         "trainer.use_v1=True",
         "trainer.v1.trainer_mode=sync",
         "trainer.device=cpu",
-        f"trainer.n_gpus_per_node={args.ranks}",
         f"trainer.total_training_steps={args.steps}",
         "trainer.total_epochs=100",
         "trainer.val_before_train=False",
@@ -133,14 +131,14 @@ def train_overrides(args, data_dir: Path, router_yaml: Path) -> list[str]:
     return overrides
 
 
-def router_config(args, path: Path) -> Path:
-    """examples/router_tail_aware.yaml with the chunk and slots sized for this tiny run."""
+def router_config(args, path: Path) -> dict:
+    """examples/router_tail_aware.yaml with the chunk and slots sized for this tiny run, written to `path`."""
     import yaml
 
     config = yaml.safe_load((REPO / "examples" / "router_tail_aware.yaml").read_text())
     config.update(chunk_tokens=args.chunk_tokens, slots_per_replica=32, default_max_tokens=args.response_length)
     path.write_text(yaml.safe_dump(config))
-    return path
+    return config
 
 
 def child_env(args) -> dict[str, str]:
@@ -168,6 +166,7 @@ class Watch:
         self.step, self.phase = 0, "startup"
         self.steps_done, self.done_at = 0, 0.0
         self.error: str | None = None
+        self.plugin_lines: set[str] = set()  # the plugin's status line, once per vLLM process
         self.lines: list[str] = []
         self.watched: dict[int, str] = {}
         self.lock = threading.Lock()
@@ -190,7 +189,9 @@ class Watch:
                     self.phase = match["phase"]
                     print(f"[step {self.step}] {self.phase} ...", flush=True)
                 continue
-            if self.error is None and ERROR.search(line):
+            if PLUGIN_MARK in line:
+                self.plugin_lines.add(line.split("] ", 1)[-1].strip())
+            elif self.error is None and ERROR.search(line):
                 self.error = line.strip()
 
 
@@ -253,8 +254,9 @@ def run(args) -> int:
     write_vowel_parquet(data_dir / "val.parquet", 8, seed=1)
     metrics_path = args.workdir / "metrics.jsonl"
     metrics_path.unlink(missing_ok=True)
-    overrides = train_overrides(args, data_dir, router_config(args, args.workdir / "router.yaml"))
-    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
+    router_yaml = args.workdir / "router.yaml"
+    router = router_config(args, router_yaml)
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *train_overrides(args, data_dir, router_yaml)]
     (args.workdir / "command.txt").write_text(" ".join(cmd) + "\n")
     shm_before = shm_files()
     watch = Watch()
@@ -278,7 +280,7 @@ def run(args) -> int:
             removed = remove_orphans(shm_files() - shm_before)
             print(f"/dev/shm: removed {removed} file(s) this run left", flush=True)
     steps = read_metrics(metrics_path)
-    report = build_report(args, steps, watch, failure, time.monotonic() - started)
+    report = build_report(args, cmd, router, steps, watch, failure, time.monotonic() - started)
     if args.report:
         Path(args.report).parent.mkdir(parents=True, exist_ok=True)
         Path(args.report).write_text(json.dumps(report, indent=1))
@@ -346,7 +348,8 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def build_report(args, steps: list[dict], watch: Watch, failure: str | None, wall_s: float) -> dict:
+def build_report(args, cmd: list[str], router: dict, steps: list[dict], watch: Watch, failure: str | None,
+                 wall_s: float) -> dict:
     rows = []
     for entry in steps:
         data = entry["data"]
@@ -358,13 +361,11 @@ def build_report(args, steps: list[dict], watch: Watch, failure: str | None, wal
                          if k.startswith("rollout_ext/router_")}
         rows.append(row)
         print(summary_line(row), flush=True)
-    router = yaml_load(args.workdir / "router.yaml")
-    log = (args.workdir / "main_ppo.log").read_text(errors="replace")
     traces = sorted(str(p) for p in args.profile_rollout.rglob("*") if p.is_file()) if args.profile_rollout else []
     return {
-        "plugin_lines": sorted({line.split("] ", 1)[-1].strip() for line in log.splitlines() if PLUGIN_MARK in line}),
+        "plugin_lines": sorted(watch.plugin_lines),
         "rollout_traces": traces,
-        "command": (args.workdir / "command.txt").read_text().strip(),
+        "command": " ".join(cmd),
         "router_class": router["router_class"],
         "router_policy": router["policy"],
         "control_no_sync": args.control_no_sync,
@@ -374,12 +375,6 @@ def build_report(args, steps: list[dict], watch: Watch, failure: str | None, wal
         "wall_s": round(wall_s, 1),
         "steps": rows,
     }
-
-
-def yaml_load(path: Path) -> dict:
-    import yaml
-
-    return yaml.safe_load(path.read_text())
 
 
 def summary_line(row: dict) -> str:

@@ -31,9 +31,6 @@ class Patch:
     side: str  # "vllm" or "verl"
     target: str | None = None  # verl side: applied right after verl imports this module
 
-    def module_path(self, name: str) -> str:
-        return f"{__name__}.{name}"
-
 
 PATCHES: dict[str, Patch] = {
     # vLLM infrastructure: vllm-ascend's own patches first, then the one engine-time check, then the
@@ -73,7 +70,7 @@ _verl_scheduled: list[str] = []
 def load(name: str) -> ModuleType:
     if name not in PATCHES:
         raise KeyError(f"unknown rollout_ext patch {name!r}; known: {', '.join(PATCHES)}")
-    return importlib.import_module(PATCHES[name].module_path(name))
+    return importlib.import_module(f"{__name__}.{name}")
 
 
 def selected(cfg, stack: str = "vllm") -> list[str]:
@@ -112,6 +109,6 @@ def revert_all() -> None:
     plugin.unregister()
     _verl_scheduled.clear()
     for name in reversed(PATCHES):
-        module = sys.modules.get(PATCHES[name].module_path(name))
+        module = sys.modules.get(f"{__name__}.{name}")
         if module is not None:
             module.revert()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import importlib
 import inspect
 import logging
 
@@ -91,9 +93,6 @@ class Wrap:
     def apply(self, cfg=None) -> bool:
         if self._swaps.applied:
             return True
-        import functools
-        import importlib
-
         holder = importlib.import_module(self.owner)
         *path, leaf = self.attr.split(".")
         for part in path:

@@ -32,7 +32,7 @@ _swaps = Swaps(NAME)
 def wanted(cfg) -> bool:
     from rollout_ext.platform import device_type
 
-    return bool(getattr(cfg, "weight_sync", False)) and device_type() == "cpu"
+    return cfg.weight_sync and device_type() == "cpu"
 
 
 def apply(cfg) -> bool:
@@ -51,12 +51,8 @@ def apply(cfg) -> bool:
 
     @functools.wraps(original)
     def process_weights_after_loading(self, layer) -> None:
-        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-        from vllm.platforms import current_platform
-
-        if not current_platform.is_cpu():
-            return original(self, layer)
-        dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
+        # The same call as vLLM's CPU branch (applied on CPU only), keeping the weight.
+        layer_utils.dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
 
     _swaps.replace(UnquantizedLinearMethod, "process_weights_after_loading", process_weights_after_loading)
     logger.info("rollout_ext %s: CPU linear layers keep their weights for weight sync", NAME)

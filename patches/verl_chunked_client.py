@@ -13,13 +13,13 @@ Undo: revert(). Remove when verl takes the client class from the rollout config.
 from __future__ import annotations
 
 from rollout_ext.patches._base import Wrap
-from rollout_ext.patches._verl import signature
+from rollout_ext.patches._verl import backend_name, signature
 from rollout_ext.verl.names import BACKEND
 
 
 def _make(original):
     def get_client(self, client_cls=None, **kwargs):
-        if client_cls is None and self.rollout_config.get("name") == BACKEND:
+        if client_cls is None and backend_name(self.rollout_config) == BACKEND:
             from rollout_ext.verl.continuation import ChunkedLLMServerClient
 
             client_cls = ChunkedLLMServerClient

@@ -7,7 +7,7 @@ This platform answers for the CPU: device `cpu`, gloo collectives, no IPC (weigh
 Ray resource, so a CPU cluster declares logical GPUs (`ray.init(num_gpus=N)`) for verl's bundles.
 
 It is registered by the `verl.plugins` entry point in every verl process, and only when
-VERL_PLATFORM=cpu is set: auto-detection never picks it. The three places where verl 0.9.1 still
+VERL_PLATFORM=cpu is set: auto-detection never picks it. The two places where verl 0.9.1 still
 assumes an accelerator beyond the platform object are patches (rollout_ext.patches): the process
 group backend (verl_cpu_process_group) and the FSDP engine registry (verl_cpu_engines).
 Targets: verl>=0.9,<0.10 (PlatformBase's abstract methods are checked on registration).
@@ -15,7 +15,7 @@ Targets: verl>=0.9,<0.10 (PlatformBase's abstract methods are checked on registr
 
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from types import ModuleType
 
 import torch
@@ -122,8 +122,7 @@ def platform_class():
 
         @contextmanager
         def nvtx_range(self, msg: str):
-            with nullcontext():
-                yield
+            yield
 
         def profiler_start(self) -> None:
             return None

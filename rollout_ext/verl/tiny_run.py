@@ -17,7 +17,7 @@ LOOPBACK = "127.0.0.1"
 
 
 def rollout_overrides(model_dir: str | Path, *, replicas: int = 2, tp: int = 1, prompt_length: int = 64,
-                      response_length: int = 32, rollout_n: int = 1) -> list[str]:
+                      response_length: int = 32, rollout_n: int = 1, trainer_gpus_per_node: int = 1) -> list[str]:
     """Hydra overrides for verl's ppo_trainer config: tiny model, rollout_ext, CPU-sized engine."""
     max_model_len = prompt_length + response_length
     rollout = "actor_rollout_ref.rollout"
@@ -41,7 +41,7 @@ def rollout_overrides(model_dir: str | Path, *, replicas: int = 2, tp: int = 1, 
         f"{rollout}.agent.num_workers=1",
         f"data.max_prompt_length={prompt_length}",
         f"data.max_response_length={response_length}",
-        "trainer.n_gpus_per_node=1",
+        f"trainer.n_gpus_per_node={trainer_gpus_per_node}",
         "trainer.nnodes=1",
     ]
 

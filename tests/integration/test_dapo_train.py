@@ -103,17 +103,14 @@ def test_phase_lines_and_summaries_are_printed(trained):
     assert "step 2: reward " in proc.stdout and "probs_diff_max" in proc.stdout
 
 
-def _server_pids() -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if cmdline.startswith(b"ray::RolloutExtHttpServer"):
-                found.append(int(entry.name))
-    return found
+def _example(repo_root):
+    """examples/dapo_train_cpu.py as a module, for its process helpers."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dapo_train_cpu", repo_root / "examples" / "dapo_train_cpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_control_without_sync_fails_the_check_and_a_killed_replica_ends_the_job(
@@ -127,7 +124,9 @@ def test_control_without_sync_fails_the_check_and_a_killed_replica_ends_the_job(
     for line in proc.stdout:
         output.append(line)
         if killed_at is None and line.startswith("[step 3] gen"):
-            victims = _server_pids()
+            # A replica server of this run only: the example's own process-tree walk.
+            victims = [pid for pid, cmd in _example(repo_root).descendants(proc.pid).items()
+                       if cmd.startswith("ray::RolloutExtHttpServer")]
             assert victims, "no replica server process found"
             os.kill(victims[0], signal.SIGKILL)
             killed_at = time.monotonic()
