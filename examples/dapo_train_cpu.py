@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-rollout", metavar="DIR", type=Path,
                         help="trace step 1's rollout on replica 0 (verl's rollout profiler, torch/npu tool)")
     parser.add_argument("--control-no-sync", action="store_true",
-                        help="control run: skip the weight sync between steps (rollout_probs_diff must then grow)")
+                        help="control run: no weight sync after step 1, so from step 3 on rollout_probs_diff must grow")
     args = parser.parse_args(argv)
     for name in ("steps", "ranks", "prompts_per_step", "n", "response_length", "chunk_tokens"):
         if getattr(args, name) < 1:

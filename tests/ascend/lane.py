@@ -192,9 +192,11 @@ def run_scenario(script: str, *args: str, env: dict[str, str] | None = None, tim
 
     full_env = {k: v for k, v in environ_copy().items() if not k.startswith("ROLLOUT_EXT_")}
     full_env.update({"VLLM_PLUGINS": "", "VLLM_DIST_IDENT": f"ascend-lane-{free_port()}", **(env or {})})
-    proc = subprocess.run(
-        [sys.executable, str(SCENARIOS / script), *args], env=full_env, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, timeout=timeout_s, cwd=REPO_ROOT,
-    )
+    # The scenario's temporary files (the model configs of model_dir()) go under a directory removed here.
+    with tempfile.TemporaryDirectory(prefix="ascend-lane-") as tmp:
+        proc = subprocess.run(
+            [sys.executable, str(SCENARIOS / script), *args], env={**full_env, "TMPDIR": tmp},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout_s, cwd=REPO_ROOT,
+        )
     assert proc.returncode == 0, f"{script} {args} failed (rc={proc.returncode}):\n{proc.stdout[-6000:]}"
     return proc.stdout

@@ -1,5 +1,5 @@
 """The CPU training example's own pieces, without an engine: the toy reward, the report line, the
-argument checks and the /dev/shm clean-up."""
+argument checks, the /dev/shm clean-up, and the supervisor's verdict on a child that passes or fails."""
 
 from __future__ import annotations
 
@@ -61,3 +61,45 @@ def test_only_unmapped_shm_files_are_removed(example):
         removed = example.remove_orphans({ours.name, held.name})
         assert removed == 1 and not ours.exists() and held.exists()
     held.unlink()
+
+
+def _supervised(example, tmp_path, script: str, steps: int = 2):
+    """Run `script` as the example runs main_ppo (own process group, a reader thread) and supervise it."""
+    import argparse
+    import threading
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    watch = example.Watch()
+    with open(tmp_path / "child.log", "w") as log:
+        reader = threading.Thread(target=watch.read, args=(proc.stdout, log), daemon=True)
+        reader.start()
+        try:
+            failure = example.supervise(proc, watch, argparse.Namespace(steps=steps, timeout_s=60), time.monotonic())
+        finally:
+            if proc.poll() is None:
+                example.kill_group(proc)
+            reader.join(timeout=10)
+    return failure, watch, proc
+
+
+STEPS = ("import time\n"
+         "for _ in range(2):\n"
+         "    for line in ('step start', 'gen start', 'gen end', 'step end'):\n"
+         "        print('rollout_ext phase:', line, flush=True)\n")
+
+
+def test_clean_exit_after_the_last_step_is_a_pass(example, tmp_path):
+    failure, watch, proc = _supervised(example, tmp_path, STEPS)
+    assert failure is None and proc.returncode == 0
+    assert watch.steps_done == 2 and watch.phase == "gen"
+
+
+def test_nonzero_exit_and_reported_errors_fail_naming_the_cause(example, tmp_path):
+    # control for the test above: the same child, exiting 3
+    failure, _, _ = _supervised(example, tmp_path, STEPS + "raise SystemExit(3)\n")
+    assert failure == "main_ppo exited 3"
+    failure, watch, proc = _supervised(
+        example, tmp_path, "print('Traceback (most recent call last):', flush=True)\nimport time; time.sleep(60)\n")
+    assert failure.startswith("error reported: Traceback") and proc.returncode != 0  # the group was killed
