@@ -1,18 +1,28 @@
-"""Robustness sweep of the balancing acceptance over unseen workloads (simulator only).
+"""Does tail_aware win on replicas it was not tuned for? A sweep over step models, R, ICC and seeds.
 
-For every R in --replicas, ICC in --iccs and cap in --caps (one workload per cell; the seed
-differs per cell so several seeds are covered), it runs round_robin, verl_default,
-tail_aware_placement and tail_aware and checks the acceptance rule:
+Every cell is one workload (a DAPO batch with long-tailed, group-correlated lengths) simulated on R
+replicas whose step time follows one of the step models in `STEP_MODELS` (the project default,
+KV-heavy, per-sequence-heavy). Per cell it runs:
+- verl_default with --verl-seeds tie-break seeds; its mean makespan is the baseline, because single
+  runs swing by several percent;
+- tail_aware_placement and tail_aware, whose predictor is warmed with one previous epoch.
 
-    tail_aware < round_robin - margin,  tail_aware < verl_default - margin,
-    tail_aware <= tail_aware_placement + 1e-9
+The policies are given the project's default step model as their prior (--policy-model default),
+not the cell's true constants; `true` hands them the truth, and `off` the truth with every timing
+constant wrong by --prior-error in alternating directions. tail_aware refines its prior from the
+simulated clock (rollout_ext/balance/calibration.py) unless --no-clock.
 
-`margin` (--margin, ratio units) is what "clearly lower, not noise" means here. It prints a
-compact pass/fail grid (one line per cell with the four ratios) and writes all rows to JSON.
-The predictor is warmed with one previous epoch, as in bench/rollout_balance.py.
+--compare OTHER.json prints, per step model, tail_aware's makespan over the same cell's in another
+sweep's JSON (the calibration check: an `off` run against a `true --no-clock` run).
 
-Example (about 10-20 min on 2 busy cores):
-  python bench/balance_sweep.py --prompts 128 --samples 16 --json /tmp/sweep.json
+A cell passes when tail_aware / mean(verl_default) <= 1. The sweep passes when every cell does and
+the geometric mean over all cells is <= --target. Makespans are also reported against the two lower
+bounds, T* and T*_dl (rollout_ext/balance/step_model.py).
+
+Examples (512x16 prompts, 48 cells; ~20 min on 2 cores):
+  python bench/balance_sweep.py --json out/sweep.json
+  python bench/balance_sweep.py --policy-model true --no-clock --json out/sweep_true.json
+  python bench/balance_sweep.py --policy-model off --prior-error 2.5 --compare out/sweep_true.json
 """
 
 from __future__ import annotations
@@ -20,8 +30,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import statistics
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -29,11 +42,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rollout_balance import make_policy  # noqa: E402
 
+from rollout_ext.balance.calibration import off_by  # noqa: E402
 from rollout_ext.balance.simulator import simulate  # noqa: E402
-from rollout_ext.balance.step_model import StepModel, lower_bound_s  # noqa: E402
+from rollout_ext.balance.step_model import STEP_MODELS, StepModel, lower_bound_dl_s, lower_bound_s  # noqa: E402
 from rollout_ext.balance.workload import WorkloadConfig, make_workload  # noqa: E402
 
-CHECKED = ["round_robin", "verl_default", "tail_aware_placement", "tail_aware"]
+POLICIES = ("tail_aware_placement", "tail_aware")
 
 
 def _list(flag: str, text: str, kind, ok, allowed: str) -> list:
@@ -48,104 +62,171 @@ def _list(flag: str, text: str, kind, ok, allowed: str) -> list:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--replicas", default="4,8,16,32,64,128")
-    p.add_argument("--iccs", default="0.3,0.6,0.85")
-    p.add_argument("--caps", default="8192,20480,32768")
-    p.add_argument("--prompts", type=int, default=128)
+    p.add_argument("--step-models", default=",".join(STEP_MODELS), help=f"from {', '.join(STEP_MODELS)}")
+    p.add_argument("--replicas", default="4,16,64,128")
+    p.add_argument("--iccs", default="0.3,0.85")
+    p.add_argument("--caps", default="20480")
+    p.add_argument("--seeds", type=int, default=2, help="workload seeds per (step model, R, ICC, cap)")
+    p.add_argument("--verl-seeds", type=int, default=5, help="tie-break seeds of the verl_default baseline")
+    p.add_argument("--prompts", type=int, default=512)
     p.add_argument("--samples", type=int, default=16)
     p.add_argument("--mean-len", type=float, default=3500.0)
-    p.add_argument("--seed", type=int, default=0, help="base seed; cell i uses seed + i")
+    p.add_argument("--seed", type=int, default=0, help="base seed; the workload seeds are seed, seed + 1, ...")
     p.add_argument("--chunk-tokens", type=int, default=1024)
-    p.add_argument("--margin", type=float, default=0.005, help="required ratio gap to the baselines")
+    p.add_argument("--policy-model", choices=("default", "true", "off"), default="default",
+                   help="step model the policies are given: the project default, the cell's own, or it off")
+    p.add_argument("--prior-error", type=float, default=2.5, help="with --policy-model off: the factor")
+    p.add_argument("--no-clock", action="store_true", help="the simulator passes no time (no calibration)")
+    p.add_argument("--compare", default=None, help="another sweep's JSON: tail_aware here over tail_aware there")
+    p.add_argument("--target", type=float, default=0.92, help="required geometric mean of tail_aware / verl_default")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="cells simulated in parallel")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
+    a.model_list = _list("--step-models", a.step_models, str, lambda v: v in STEP_MODELS, ", ".join(STEP_MODELS))
     a.replica_list = _list("--replicas", a.replicas, int, lambda v: v >= 1, "integers >= 1")
     a.icc_list = _list("--iccs", a.iccs, float, lambda v: 0 <= v <= 1, "numbers in [0, 1]")
     a.cap_list = _list("--caps", a.caps, int, lambda v: v > a.mean_len, f"integers > --mean-len ({a.mean_len})")
-    if a.prompts < 1 or a.samples < 1:
-        raise SystemExit(f"error: --prompts={a.prompts} / --samples={a.samples}; allowed: integers >= 1")
-    if a.chunk_tokens < 1:
-        raise SystemExit(f"error: --chunk-tokens={a.chunk_tokens}; allowed: integer >= 1")
+    if a.prior_error <= 0:
+        raise SystemExit(f"error: --prior-error={a.prior_error}; allowed: a number > 0")
+    for name in ("prompts", "samples", "seeds", "verl_seeds", "chunk_tokens", "jobs"):
+        if getattr(a, name) < 1:
+            raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(a, name)}; allowed: integers >= 1")
     return a
 
 
-def check(ratios: dict, margin: float) -> bool:
-    ta = ratios["tail_aware"]
-    return (ta < ratios["round_robin"] - margin and ta < ratios["verl_default"] - margin
-            and ta <= ratios["tail_aware_placement"] + 1e-9)
+def run_cell(cell: dict) -> dict:
+    """Simulate one cell: verl_default over its tie-break seeds, then the tail-aware policies."""
+    model = STEP_MODELS[cell["step_model"]]
+    policy_model = {"default": StepModel(), "true": model,
+                    "off": off_by(model, cell["prior_error"])}[cell["policy_model"]]
+    cfg = WorkloadConfig(prompts=cell["prompts"], samples=cell["samples"], mean_tokens=cell["mean_len"],
+                         cap_tokens=cell["cap_tokens"], icc=cell["icc"], seed=cell["seed"])
+    workload, previous = make_workload(cfg, epoch=0), make_workload(cfg, epoch=-1)
+    replicas = cell["replicas"]
+    t_star = lower_bound_s(workload.lengths, workload.prompt_tokens, replicas, model)
+    t_dl = lower_bound_dl_s(workload.lengths, workload.prompt_tokens, replicas, model)
+    started = time.perf_counter()
+
+    def run(name: str, seed: int):
+        policy = make_policy(name, workload, previous, policy_model, seed)
+        return simulate(workload, policy, replicas, model=model, chunk_tokens=cell["chunk_tokens"],
+                        clock=cell["clock"])
+
+    verl = [run("verl_default", seed).makespan_s for seed in range(cell["verl_seeds"])]
+    makespan = {"verl_default": statistics.fmean(verl)}
+    moves = {}
+    for name in POLICIES:
+        res = run(name, 0)
+        makespan[name], moves[name] = res.makespan_s, res.moves
+    return {**cell, "t_star_s": t_star, "t_dl_s": t_dl, "makespan_s": makespan, "verl_default_runs_s": verl,
+            "verl_default_spread": (max(verl) - min(verl)) / makespan["verl_default"], "moves": moves,
+            "vs_verl": {n: makespan[n] / makespan["verl_default"] for n in POLICIES},
+            "vs_t_star": {n: v / t_star for n, v in makespan.items()},
+            "vs_t_dl": {n: v / t_dl for n, v in makespan.items()}, "wall_s": time.perf_counter() - started}
 
 
-def summarize(rows: list[dict]) -> dict:
-    """Per R: geometric-mean ratio of tail_aware to each other policy, and how often it is lower.
+def _geo(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values))
 
-    One cell is one workload, so single cells are noisy (a different seed moves a ratio by a
-    few percent); the paired mean over cells is the steadier view."""
-    out = {}
-    for replicas in sorted({r["replicas"] for r in rows}):
-        cells = [r["ratios"] for r in rows if r["replicas"] == replicas]
-        entry = {"cells": len(cells)}
-        for other in CHECKED[:-1]:
-            logs = [math.log(c["tail_aware"] / c[other]) for c in cells]
-            entry[other] = {"geo_mean": round(math.exp(sum(logs) / len(logs)), 4),
-                            "lower": sum(c["tail_aware"] < c[other] for c in cells),
-                            "not_higher": sum(c["tail_aware"] <= c[other] + 1e-9 for c in cells)}
-        out[str(replicas)] = entry
-    return out
+
+def summarize(rows: list[dict], target: float) -> dict:
+    """Per step model and overall: geometric mean and worst cell of tail_aware against the baseline
+    and against both bounds."""
+    def entry(cells):
+        worst = max(cells, key=lambda r: r["vs_verl"]["tail_aware"])
+        return {"cells": len(cells),
+                "vs_verl_geo": _geo(r["vs_verl"]["tail_aware"] for r in cells),
+                "vs_verl_worst": worst["vs_verl"]["tail_aware"],
+                "worst_cell": {k: worst[k] for k in ("replicas", "icc", "cap_tokens", "seed")},
+                "placement_vs_verl_geo": _geo(r["vs_verl"]["tail_aware_placement"] for r in cells),
+                "vs_t_star_geo": _geo(r["vs_t_star"]["tail_aware"] for r in cells),
+                "vs_t_star_worst": max(r["vs_t_star"]["tail_aware"] for r in cells),
+                "vs_t_dl_geo": _geo(r["vs_t_dl"]["tail_aware"] for r in cells),
+                "vs_t_dl_worst": max(r["vs_t_dl"]["tail_aware"] for r in cells),
+                "verl_vs_t_dl_geo": _geo(r["vs_t_dl"]["verl_default"] for r in cells),
+                "cells_above_1": sum(r["vs_verl"]["tail_aware"] > 1.0 for r in cells)}
+
+    out = {name: entry([r for r in rows if r["step_model"] == name])
+           for name in dict.fromkeys(r["step_model"] for r in rows)}
+    overall = entry(rows)
+    overall["pass"] = overall["cells_above_1"] == 0 and overall["vs_verl_geo"] <= target
+    return {"per_step_model": out, "overall": overall, "target": target}
 
 
 def summary_lines(summary: dict) -> list[str]:
-    lines = [f"{'R':>4} {'cells':>5}  " + "  ".join(f"{'vs ' + n:>28}" for n in CHECKED[:-1])]
-    for replicas, entry in summary.items():
-        parts = []
-        for other in CHECKED[:-1]:
-            e = entry[other]
-            count = e["not_higher"] if other == "tail_aware_placement" else e["lower"]
-            rel = "<=" if other == "tail_aware_placement" else "<"
-            parts.append(f"{e['geo_mean']:>8.3f} ({rel} in {count}/{entry['cells']})".rjust(28))
-        lines.append(f"{replicas:>4} {entry['cells']:>5}  " + "  ".join(parts))
+    head = (f"{'step model':<14} {'cells':>5}  {'TA/verl geo':>11} {'worst':>6} {'>1':>3}  {'TAplace/verl':>12}"
+            f"  {'TA/T* geo':>9} {'worst':>6}  {'TA/T*dl geo':>11} {'worst':>6}  {'verl/T*dl':>9}")
+    lines = [head]
+    for name, e in [*summary["per_step_model"].items(), ("all", summary["overall"])]:
+        lines.append(f"{name:<14} {e['cells']:>5}  {e['vs_verl_geo']:>11.3f} {e['vs_verl_worst']:>6.3f} "
+                     f"{e['cells_above_1']:>3}  {e['placement_vs_verl_geo']:>12.3f}  {e['vs_t_star_geo']:>9.3f} "
+                     f"{e['vs_t_star_worst']:>6.3f}  {e['vs_t_dl_geo']:>11.3f} {e['vs_t_dl_worst']:>6.3f}  "
+                     f"{e['verl_vs_t_dl_geo']:>9.3f}")
+    return lines
+
+
+CELL_KEY = ("step_model", "replicas", "icc", "cap_tokens", "seed", "prompts", "samples", "chunk_tokens")
+
+
+def compare_lines(rows: list[dict], other_rows: list[dict]) -> list[str]:
+    """tail_aware's makespan here over the same cell's in `other_rows`, per step model."""
+    other = {tuple(r[k] for k in CELL_KEY): r for r in other_rows}
+    pairs: dict[str, list[float]] = {}
+    for row in rows:
+        match = other.get(tuple(row[k] for k in CELL_KEY))
+        if match is not None:
+            pairs.setdefault(row["step_model"], []).append(
+                row["makespan_s"]["tail_aware"] / match["makespan_s"]["tail_aware"])
+    if not pairs:
+        return ["compare: no cell in common"]
+    lines = [f"\ntail_aware here / tail_aware in --compare, same cells:", f"{'step model':<14} {'cells':>5} "
+             f"{'geo':>7} {'best':>7} {'worst':>7}"]
+    for name, ratios in [*pairs.items(), ("all", [r for v in pairs.values() for r in v])]:
+        lines.append(f"{name:<14} {len(ratios):>5} {_geo(ratios):>7.4f} {min(ratios):>7.4f} {max(ratios):>7.4f}")
     return lines
 
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    model = StepModel()
-    cells = [(r, icc, cap) for r in a.replica_list for icc in a.icc_list for cap in a.cap_list]
+    cells = [{"step_model": m, "replicas": r, "icc": icc, "cap_tokens": cap, "seed": a.seed + k,
+              "prompts": a.prompts, "samples": a.samples, "mean_len": a.mean_len, "chunk_tokens": a.chunk_tokens,
+              "verl_seeds": a.verl_seeds, "policy_model": a.policy_model, "prior_error": a.prior_error,
+              "clock": not a.no_clock}
+             for m in a.model_list for r in a.replica_list for icc in a.icc_list for cap in a.cap_list
+             for k in range(a.seeds)]
+    print(f"{len(cells)} cells: {a.prompts}x{a.samples} prompts, mean {a.mean_len:.0f}, chunk {a.chunk_tokens}, "
+          f"verl_default over {a.verl_seeds} seeds, policies given the {a.policy_model} step model"
+          + (f" (x{a.prior_error} alternating)" if a.policy_model == "off" else "")
+          + (", no clock" if a.no_clock else ", calibrated from the clock") + f", {a.jobs} jobs")
+    print(f"{'#':>3} {'step model':<14} {'R':>4} {'icc':>5} {'cap':>6} {'seed':>4}  {'verl±spread':>12} "
+          f"{'TAplace/verl':>12} {'TA/verl':>8} {'TA/T*dl':>8} {'moves':>6}  wall")
     rows, started = [], time.perf_counter()
-    print(f"{a.prompts}x{a.samples} prompts, mean {a.mean_len:.0f}, chunk {a.chunk_tokens}, margin {a.margin}")
-    print(f"{'R':>4} {'icc':>5} {'cap':>6} {'seed':>4}  " + " ".join(f"{n[:12]:>12}" for n in CHECKED) + "  result")
-    for i, (replicas, icc, cap) in enumerate(cells):
-        seed = a.seed + i
-        cfg = WorkloadConfig(prompts=a.prompts, samples=a.samples, mean_tokens=a.mean_len, cap_tokens=cap,
-                             icc=icc, seed=seed)
-        workload, previous = make_workload(cfg, epoch=0), make_workload(cfg, epoch=-1)
-        bound = lower_bound_s(workload.lengths, workload.prompt_tokens, replicas, model)
-        ratios, moves = {}, 0
-        for name in CHECKED:
-            res = simulate(workload, make_policy(name, workload, previous, model, seed), replicas,
-                           model=model, chunk_tokens=a.chunk_tokens)
-            ratios[name] = round(res.makespan_s / bound, 4)
-            if name == "tail_aware":
-                moves = res.moves
-        ok = check(ratios, a.margin)
-        rows.append({"replicas": replicas, "icc": icc, "cap_tokens": cap, "seed": seed, "ratios": ratios,
-                     "tail_aware_moves": moves, "pass": ok})
-        print(f"{replicas:>4} {icc:>5} {cap:>6} {seed:>4}  " + " ".join(f"{ratios[n]:>12.3f}" for n in CHECKED)
-              + f"  {'PASS' if ok else 'FAIL'}", flush=True)
-    passed = sum(r["pass"] for r in rows)
-    summary = summarize(rows)
-    print("\nper R, paired over cells: geometric mean of tail_aware / baseline (< 1: tail_aware faster)")
+    with ProcessPoolExecutor(max_workers=a.jobs) as pool:
+        for i, row in enumerate(pool.map(run_cell, cells), 1):
+            rows.append(row)
+            print(f"{i:>3} {row['step_model']:<14} {row['replicas']:>4} {row['icc']:>5} {row['cap_tokens']:>6} "
+                  f"{row['seed']:>4}  {row['vs_t_dl']['verl_default']:>6.3f}±{row['verl_default_spread'] / 2:<5.3f}"
+                  f"{row['vs_verl']['tail_aware_placement']:>12.3f} {row['vs_verl']['tail_aware']:>8.3f} "
+                  f"{row['vs_t_dl']['tail_aware']:>8.3f} {row['moves']['tail_aware']:>6}  {row['wall_s']:.0f} s",
+                  flush=True)
+    summary = summarize(rows, a.target)
+    print("\ngeometric mean and worst cell of tail_aware (TA) over the verl_default mean, and over the bounds")
     for line in summary_lines(summary):
         print(line)
-    print(f"\n{passed}/{len(rows)} cells pass ({time.perf_counter() - started:.0f} s)")
-    for r in rows:
-        if not r["pass"]:
-            print(f"  FAIL R={r['replicas']} icc={r['icc']} cap={r['cap_tokens']} seed={r['seed']}: {r['ratios']}")
+    overall = summary["overall"]
+    verdict = "PASS" if overall["pass"] else "FAIL"
+    print(f"\n{verdict}: {overall['cells_above_1']} cell(s) above 1.0; geometric mean {overall['vs_verl_geo']:.3f} "
+          f"(target <= {a.target}); {time.perf_counter() - started:.0f} s")
+    if a.compare:
+        for line in compare_lines(rows, json.loads(Path(a.compare).read_text())["rows"]):
+            print(line)
     if a.json:
         setup = {k: v for k, v in vars(a).items() if not k.endswith("_list")}
-        Path(a.json).write_text(json.dumps({"setup": setup, "rows": rows, "summary": summary, "passed": passed,
-                                            "cells": len(rows)}, indent=2))
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps({"setup": setup, "rows": rows, "summary": summary}, indent=1))
         print("json:", a.json)
-    return 0 if passed == len(rows) else 1
+    return 0 if overall["pass"] else 1
 
 
 if __name__ == "__main__":

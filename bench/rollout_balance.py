@@ -55,14 +55,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from rollout_ext.balance.policy import OracleLPTPolicy, RoundRobinPolicy, VerlDefaultPolicy  # noqa: E402
 from rollout_ext.balance.predictor import LengthPredictor, OraclePredictor  # noqa: E402
+from rollout_ext.balance.registry import POLICIES as REGISTRY  # noqa: E402
+from rollout_ext.balance.registry import make_policy as registry_policy  # noqa: E402
 from rollout_ext.balance.simulator import simulate  # noqa: E402
 from rollout_ext.balance.step_model import StepModel, lower_bound_s  # noqa: E402
-from rollout_ext.balance.tail_aware import TailAwareConfig, TailAwarePolicy  # noqa: E402
+from rollout_ext.balance.tail_aware import TailAwareConfig  # noqa: E402
 from rollout_ext.balance.workload import WorkloadConfig, make_workload, warm_history  # noqa: E402
 
-POLICIES = ["round_robin", "verl_default", "tail_aware_placement", "tail_aware", "oracle_lpt", "tail_aware_oracle"]
+# The registry's policies, plus tail_aware with the true lengths (a reference).
+POLICIES = [*REGISTRY, "tail_aware_oracle"]
 
 
 def _int_list(flag: str, text: str, minimum: int) -> list[int]:
@@ -116,28 +118,23 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def make_policy(name: str, workload, previous, model: StepModel, seed: int):
+    """A policy from rollout_ext.balance.registry; predicted ones get a predictor warmed with `previous`
+    (oracle ones the true lengths). tail_aware_oracle is tail_aware with the true lengths."""
     true = {rid: int(n) for rid, n in zip(workload.request_ids, workload.lengths)}
-
-    def warmed():
-        predictor = LengthPredictor()
-        warm_history(predictor, previous)
-        return predictor
-
-    if name == "round_robin":
-        return RoundRobinPolicy(slots_per_replica=model.max_num_seqs, seed=seed)
-    if name == "verl_default":
-        return VerlDefaultPolicy(slots_per_replica=model.max_num_seqs, seed=seed)
-    if name == "oracle_lpt":
-        return OracleLPTPolicy(predictor=OraclePredictor(true), slots_per_replica=model.max_num_seqs, seed=seed)
-    if name == "tail_aware_placement":
-        return TailAwarePolicy(predictor=warmed(), model=model, config=TailAwareConfig(redispatch=False), seed=seed)
-    if name == "tail_aware":
-        return TailAwarePolicy(predictor=warmed(), model=model, seed=seed)
-    if name == "tail_aware_oracle":
-        policy = TailAwarePolicy(predictor=OraclePredictor(true), model=model, seed=seed)
-        policy.name = "tail_aware_oracle"
-        return policy
-    raise ValueError(name)
+    oracle = name in ("oracle_lpt", "tail_aware_oracle")
+    base = "tail_aware" if name == "tail_aware_oracle" else name
+    if name not in POLICIES:
+        raise ValueError(f"policy={name!r}; allowed: {', '.join(POLICIES)}")
+    predictor = None
+    if REGISTRY[base].predicted:
+        if oracle:
+            predictor = OraclePredictor(true)
+        else:
+            predictor = LengthPredictor()
+            warm_history(predictor, previous)
+    policy = registry_policy(base, predictor=predictor, model=model, slots_per_replica=model.max_num_seqs, seed=seed)
+    policy.name = name
+    return policy
 
 
 def _versions() -> dict:

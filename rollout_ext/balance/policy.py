@@ -4,11 +4,13 @@ One policy object is driven the same way by the simulator and by a verl router a
 
     policy.add_replica(replica_id)
     policy.submit(Request(...))                       # once per sequence
-    replica = policy.acquire(request_id, generated_tokens)
+    replica = policy.acquire(request_id, generated_tokens, now_s=None)
         # -> replica id: send the next chunk there now
         # -> None: parked; the policy places it later (see take_ready)
-    policy.release(request_id, replica_id, generated_tokens, finished)
+    policy.release(request_id, replica_id, generated_tokens, finished, now_s=None)
         # after every chunk; finished=True when the sequence ended (EOS or max_tokens)
+        # now_s: the caller's clock in seconds (simulated time in the simulator, wall time in
+        # the router). Optional; a policy that learns its replicas' speed needs it.
     policy.take_ready() -> [(request_id, replica_id), ...]
         # parked requests placed since the last call; call it after every acquire/release
         # and after add_replica. Calling acquire again on a parked request also returns
@@ -51,6 +53,7 @@ class Policy:
         self.home: dict[str, str] = {}  # request -> last replica it ran on (sticky)
         self.finished: set[str] = set()
         self.moves = 0
+        self.clock_s: float | None = None  # the caller's clock at its latest acquire or release
         self._contrib: dict[str, float] = {}  # in-flight request -> its share of load_tokens
         self._ready: list[tuple[str, str]] = []
 
@@ -80,7 +83,9 @@ class Policy:
         self.requests[request.request_id] = request
         self.generated[request.request_id] = 0
 
-    def acquire(self, request_id: str, generated_tokens: int) -> str | None:
+    def acquire(self, request_id: str, generated_tokens: int, now_s: float | None = None) -> str | None:
+        if now_s is not None:
+            self.clock_s = now_s
         if request_id not in self.requests:
             raise KeyError(f"acquire of unknown request {request_id}")
         if request_id in self.finished:
@@ -98,7 +103,10 @@ class Policy:
             self._place(request_id, replica)
         return replica
 
-    def release(self, request_id: str, replica_id: str, generated_tokens: int, finished: bool) -> None:
+    def release(self, request_id: str, replica_id: str, generated_tokens: int, finished: bool,
+                now_s: float | None = None) -> None:
+        if now_s is not None:
+            self.clock_s = now_s
         if self.where.get(request_id) != replica_id:
             return  # stale: the replica was removed and the request re-dispatched
         self._unplace(request_id)

@@ -103,7 +103,7 @@ class _Replica:
 
 class Simulator:
     def __init__(self, workload: Workload, policy, replicas: int, *, model: StepModel | None = None,
-                 chunk_tokens: int = 2048, kv_watermark: float = 0.01) -> None:
+                 chunk_tokens: int = 2048, kv_watermark: float = 0.01, clock: bool = True) -> None:
         if replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {replicas}")
         if chunk_tokens < 1:
@@ -112,6 +112,7 @@ class Simulator:
         self.policy = policy
         self.model = model or StepModel()
         self.chunk_tokens = chunk_tokens
+        self.clock = clock  # pass simulated time to the policy (False: a policy without a clock)
         self.kv_limit = int(self.model.kv_capacity_tokens * (1 - kv_watermark))
         self.reps = {f"r{i}": _Replica(f"r{i}") for i in range(replicas)}
         self.seqs = {
@@ -143,7 +144,7 @@ class Simulator:
                                        int(w.prompt_tokens[i]), int(w.config.cap_tokens), w.prompt_hashes[i]))
         touched: set = set()
         for rid in w.request_ids:
-            replica = self.policy.acquire(rid, 0)
+            replica = self.policy.acquire(rid, 0, self._now(0.0))
             if replica is not None:
                 self._dispatch(rid, replica, touched)
         self._drain_ready(0.0, None, touched)
@@ -167,6 +168,9 @@ class Simulator:
         makespan = max(self.finish_s.values()) if self.finish_s else 0.0
         return SimResult(makespan, self.moves, self.preemptions, self.finish_s, self.busy,
                          self.placements, self.policy.snapshot(), self.start_s, self.move_prefill_tokens)
+
+    def _now(self, time_s: float) -> float | None:
+        return time_s if self.clock else None
 
     # ---- replica mechanics ----------------------------------------------------------------
     def _advance(self, rep: _Replica, steps: int) -> None:
@@ -195,11 +199,11 @@ class Simulator:
         generated = seq.generated + rep.step - seq.join_step
         if generated >= seq.length:
             self._leave(rep, seq, generated)
-            self.policy.release(seq.rid, rep.rid, generated, True)
+            self.policy.release(seq.rid, rep.rid, generated, True, self._now(now))
             self.finish_s[seq.rid] = now
             return
-        self.policy.release(seq.rid, rep.rid, generated, False)
-        replica = self.policy.acquire(seq.rid, generated)
+        self.policy.release(seq.rid, rep.rid, generated, False, self._now(now))
+        replica = self.policy.acquire(seq.rid, generated, self._now(now))
         if replica == rep.rid:
             seq.generated, seq.join_step = generated, rep.step
             self._set_target(rep, seq)
@@ -329,7 +333,7 @@ class Simulator:
             rep.busy_since = None
         touched: set = set()
         for rid in self.policy.remove_replica(replica_id):
-            replica = self.policy.acquire(rid, self.seqs[rid].generated)
+            replica = self.policy.acquire(rid, self.seqs[rid].generated, self._now(now))
             if replica is not None:
                 self._dispatch(rid, replica, touched)
         self._drain_ready(now, None, touched)

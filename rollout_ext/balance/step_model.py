@@ -34,6 +34,26 @@ context (the context each decoded token actually sees), because KV capacity caps
 The prefill of every sequence with L_i >= k is added to the shared term: it must happen
 before that sequence's first L_i - k tokens, which all precede the last k steps of the
 sequence that gets there last.
+
+Second bound, T*_dl (`lower_bound_dl_s`): T* spreads the base cost as if every step ran at
+saturation. A long sequence cannot run at saturation all its life: its steps must fit in the
+makespan T, so the KV they read is limited. Charge each step's base to the sequences in it in
+proportion to their KV (sequence i at step s pays base x c_i(s) / K_s, c its context, K the
+step's resident KV); the shares of one step sum to one base. Every step of i fits in T:
+
+    sum_s (base + per_seq + kv K_s) <= T - prefill(p_i)  =>  sum_s K_s <= V_i(T)
+
+By Cauchy-Schwarz, sum_s c_i(s) / K_s >= S_i^2 / V_i(T), with S_i = sum_j sqrt(p_i + j); and
+K_s <= KV capacity gives sum_s c_i(s) / K_s >= W_i / KV_cap, with W_i = sum_j (p_i + j). Counting
+each step's base once per sequence slot instead (1 / B_s, B_s <= max_num_seqs) gives a second
+step count, sum_i L_i / max_num_seqs. All replicas together then need
+
+    R T >= base max(sum_i max(W_i / KV_cap, S_i^2 / V_i(T)), sum_i L_i / max_num_seqs)
+           + kv W + per_seq sum_i L_i + prefill(sum_i p_i)
+
+T*_dl is the smallest T, at or above every sequence's lone critical path, that satisfies this
+(the right side falls as T grows, so bisection finds it). S_i uses the integral lower bound of
+the sum of square roots, which keeps the bound a bound.
 """
 
 from __future__ import annotations
@@ -112,6 +132,16 @@ class StepModel:
         return batch / self.step_s(batch, batch * ctx)
 
 
+# Cost models the benches sweep: a policy must win on hardware it was not tuned for.
+STEP_MODELS = {
+    "default": StepModel(),
+    # long contexts dominate: KV reads cost more, and less KV fits
+    "kv_heavy": StepModel(kv_read_ns_per_token=30.0, kv_capacity_tokens=600_000, per_seq_us=20.0),
+    # the per-sequence host work (sampling, scheduling) dominates
+    "per_seq_heavy": StepModel(per_seq_us=60.0, kv_read_ns_per_token=6.0),
+}
+
+
 def token_weighted_context(lengths: np.ndarray, prompt_lens: np.ndarray) -> float:
     """Mean context seen by a decoded token: sum_i sum_t (P_i + t) / sum_i L_i."""
     lengths = np.asarray(lengths, dtype=np.float64)
@@ -143,3 +173,56 @@ def lower_bound_s(lengths, prompt_lens, replicas: int, model: StepModel) -> floa
     prefill_s = model.prefill_s(prompt_suffix[np.searchsorted(lengths, ks, side="left")])
     values = ks * model.lone_token_s + (tail_tokens / x_sat + prefill_s) / replicas
     return float(values.max())
+
+
+def _kv_sums(lengths: np.ndarray, prompt_lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per sequence: W_i = sum_{j<L_i} (p_i + j), and a lower bound of S_i = sum_{j<L_i} sqrt(p_i + j)."""
+    w = lengths * prompt_lens + lengths * (lengths - 1) / 2
+    # sqrt increases, so the sum over j = 0..L-1 is at least the integral from p - 1 to p + L - 1.
+    low = np.maximum(prompt_lens - 1, 0.0)
+    s = (2.0 / 3.0) * ((prompt_lens + lengths - 1).clip(min=0.0) ** 1.5 - low ** 1.5)
+    return w, np.maximum(s, 0.0)
+
+
+def lone_path_s(lengths, prompt_lens, model: StepModel) -> np.ndarray:
+    """Each sequence decoding alone from its prefill on: a floor on its own finish time."""
+    lengths = np.asarray(lengths, dtype=np.float64)
+    prompt_lens = np.asarray(prompt_lens, dtype=np.float64)
+    w, _ = _kv_sums(lengths, prompt_lens)
+    return lengths * model.lone_token_s + model.kv_s * w + model.prefill_s(prompt_lens)
+
+
+def lower_bound_dl_s(lengths, prompt_lens, replicas: int, model: StepModel, rel_tol: float = 1e-6) -> float:
+    """T*_dl for these sequences on `replicas` replicas (see module docstring)."""
+    if replicas < 1:
+        raise ValueError(f"replicas must be >= 1, got {replicas}")
+    lengths = np.asarray(lengths, dtype=np.float64)
+    prompt_lens = np.asarray(prompt_lens, dtype=np.float64)
+    if lengths.size == 0:
+        return 0.0
+    w, s = _kv_sums(lengths, prompt_lens)
+    base_s, kv_s = model.base_ms * 1e-3, model.kv_s
+    own_s = lengths * model.lone_token_s + model.prefill_s(prompt_lens)  # sequence i's steps without KV
+    fixed_s = kv_s * w.sum() + model.per_seq_us * 1e-6 * lengths.sum() + model.prefill_s(prompt_lens.sum())
+    slot_steps = lengths.sum() / model.max_num_seqs
+    fill_steps = w / model.kv_capacity_tokens
+
+    def short_s(t: float) -> float:
+        """R T minus the work the makespan t forces (>= 0: t is feasible for this bound)."""
+        if kv_s > 0:
+            v = (t - own_s) / kv_s  # sum of K_s the steps of sequence i may read within t
+            kv_steps = np.maximum(fill_steps, np.divide(s * s, v, out=np.full_like(v, np.inf), where=v > 0))
+        else:
+            kv_steps = fill_steps
+        return replicas * t - (base_s * max(float(kv_steps.sum()), slot_steps) + fixed_s)
+
+    lo = float(lone_path_s(lengths, prompt_lens, model).max())
+    if short_s(lo) >= 0:
+        return lo
+    hi = max(lo, 1e-9) * 2
+    while short_s(hi) < 0:
+        hi *= 2
+    while hi - lo > rel_tol * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if short_s(mid) >= 0 else (mid, hi)
+    return hi

@@ -27,16 +27,18 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout_ext.balance.policy import RoundRobinPolicy, VerlDefaultPolicy
 from rollout_ext.balance.predictor import LengthPredictor, PredictorConfig
 from rollout_ext.balance.request import Request
+from rollout_ext.balance.registry import POLICIES, ROUTER_POLICIES
+from rollout_ext.balance.registry import make_policy as registry_policy
 from rollout_ext.balance.step_model import StepModel
-from rollout_ext.balance.tail_aware import TailAwareConfig, TailAwarePolicy
+from rollout_ext.balance.tail_aware import TailAwareConfig
 
-POLICY_NAMES = ("round_robin", "verl_default", "tail_aware_placement", "tail_aware")
+POLICY_NAMES = ROUTER_POLICIES
 NO_SERVERS = "No available servers in load balancer"  # verl's wording: FullyAsync clients retry on it
 
 
@@ -56,6 +58,11 @@ class RouterConfig:
             raise ValueError(f"router policy={self.policy!r}; allowed: {', '.join(POLICY_NAMES)}")
         if self.chunk_tokens < 0 or self.slots_per_replica < 1 or self.default_max_tokens < 1:
             raise ValueError("router: chunk_tokens >= 0, slots_per_replica >= 1, default_max_tokens >= 1 required")
+        for key, struct in (("step_model", StepModel), ("tail_aware", TailAwareConfig), ("predictor", PredictorConfig)):
+            unknown = sorted(set(getattr(self, key)) - set(struct.__dataclass_fields__))
+            if unknown:
+                raise ValueError(f"router config {key}: unknown fields {unknown}; "
+                                 f"allowed: {sorted(struct.__dataclass_fields__)}")
 
     @classmethod
     def from_yaml_dict(cls, raw: dict | None) -> "RouterConfig":
@@ -70,22 +77,28 @@ class RouterConfig:
 
 def make_policy(config: RouterConfig):
     """The balancing policy named in the router config (no true lengths: oracle policies are sim-only)."""
-    slots = config.slots_per_replica
-    if config.policy == "round_robin":
-        return RoundRobinPolicy(slots_per_replica=slots, seed=config.seed)
-    if config.policy == "verl_default":
-        return VerlDefaultPolicy(slots_per_replica=slots, seed=config.seed)
-    model = StepModel(**{"max_num_seqs": slots, **config.step_model})
-    tail = dict(config.tail_aware)
-    if config.policy == "tail_aware_placement":
-        tail["redispatch"] = False
-    return TailAwarePolicy(predictor=LengthPredictor(PredictorConfig(**config.predictor)), model=model,
-                           config=TailAwareConfig(**tail), slots_per_replica=slots, seed=config.seed)
+    predictor = LengthPredictor(PredictorConfig(**config.predictor)) if POLICIES[config.policy].predicted else None
+    return registry_policy(config.policy, predictor=predictor,
+                           model=StepModel(**{"max_num_seqs": config.slots_per_replica, **config.step_model}),
+                           tail_aware=config.tail_aware, slots_per_replica=config.slots_per_replica, seed=config.seed)
 
 
 def prompt_hash(prompt_ids) -> str:
     data = ",".join(str(int(t)) for t in prompt_ids).encode()
     return hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
+@dataclass(slots=True)
+class _Turn:
+    """One turn of one verl request, as the router tracks it (the policy knows it by `key`)."""
+
+    key: str  # policy request id: the verl request id, or "<id>#<turn>" from its second turn on
+    prompt_len: int  # prompt tokens of this turn
+    generated: int = 0  # tokens generated, as of the last chunk boundary
+    server: str | None = None  # replica running its chunk now
+    chunk_start: int = 0  # tokens generated when the running chunk began
+    finished: bool = False
+    waiter: asyncio.Future | None = None  # set while its acquire is parked
 
 
 class TailAwareRouter:
@@ -96,14 +109,12 @@ class TailAwareRouter:
         self.policy = make_policy(self.config)
         self._handles: dict[str, Any] = {}
         self._inflight: dict[str, int] = {}  # server -> chunks running there (verl's status view)
-        self._key: dict[str, str] = {}  # verl request id -> policy request id of its current turn
-        self._turns: dict[str, int] = {}
-        self._prompt_len: dict[str, int] = {}  # policy request id -> prompt tokens of its turn
-        self._held: dict[str, str] = {}  # policy request id -> server running its chunk now
-        self._chunk_start: dict[str, int] = {}  # policy request id -> tokens generated when its chunk began
-        self._waiters: dict[str, asyncio.Future] = {}
+        self._current: dict[str, _Turn] = {}  # verl request id -> its latest turn
+        self._turn_count: dict[str, int] = {}  # verl request id -> turns started
+        self._live: dict[str, _Turn] = {}  # policy request id -> its unfinished turn
         self._group_sizes: dict[str, int] = {}
         self._acquires = 0
+        self._finished = 0  # turns finished
         self._epochs = 0
         # Chunks that ended on each replica with the sequence still unfinished (it may move next).
         self._open_releases: dict[str, int] = {}
@@ -117,20 +128,18 @@ class TailAwareRouter:
         return ["request_id"]
 
     async def acquire_server(self, request_id: str, prompt_ids=None, sampling_params=None, **_unused):
-        key = self._key_for(request_id, prompt_ids, sampling_params)
-        prompt_len = self._prompt_len[key]
-        generated = max(0, len(prompt_ids) - prompt_len) if prompt_ids is not None else self.policy.generated[key]
-        if key in self._held:
+        turn = self._turn_for(request_id, prompt_ids, sampling_params)
+        generated = max(0, len(prompt_ids) - turn.prompt_len) if prompt_ids is not None else turn.generated
+        if turn.server is not None:
             # A release from the same client may still be queued behind this call.
-            self._release(key, self._held[key], generated, finished=False)
+            self._release(turn, turn.server, generated, finished=False)
         while True:
             if not self._handles:
                 raise RuntimeError(NO_SERVERS)
-            server_id = self.policy.acquire(key, generated)
+            server_id = self.policy.acquire(turn.key, generated, time.monotonic())
             if server_id is None:
                 # Register before pumping the policy: the pump may place this very request.
-                waiter = asyncio.get_running_loop().create_future()
-                self._waiters[key] = waiter
+                waiter = turn.waiter = asyncio.get_running_loop().create_future()
                 self._wake_placed()
                 server_id = await waiter
             else:
@@ -138,24 +147,21 @@ class TailAwareRouter:
             if server_id in self._handles:
                 break
             # Placed on a replica that was removed before this call woke up: ask again.
-        self._held[key] = server_id
+        turn.server, turn.chunk_start, turn.generated = server_id, generated, generated
         self._acquires += 1
-        self._chunk_start[key] = generated
         self._inflight[server_id] += 1
         return server_id, self._handles[server_id]
 
     def release_server(self, server_id: str, request_id: str | None = None,
                        generated_tokens: int | None = None, finished: bool | None = None) -> None:
-        key = self._key.get(request_id) if request_id is not None else None
-        if key is None or self._held.get(key) != server_id:
+        turn = self._current.get(request_id) if request_id is not None else None
+        if turn is None or turn.server != server_id:
             return  # stale (replica removed, or already released by a later acquire)
-        if not finished and generated_tokens is not None and generated_tokens <= self._chunk_start[key]:
+        if not finished and generated_tokens is not None and generated_tokens <= turn.chunk_start:
             return  # the previous chunk's release, overtaken by this chunk's acquire (no chunk ends empty)
         if finished is None:
             finished = True  # verl's plain client: one generate call is the whole turn
-        if generated_tokens is None:
-            generated_tokens = self.policy.generated[key]
-        self._release(key, server_id, generated_tokens, finished)
+        self._release(turn, server_id, turn.generated if generated_tokens is None else generated_tokens, finished)
 
     def add_servers(self, servers: dict[str, Any]) -> None:
         for server_id, handle in servers.items():
@@ -174,7 +180,7 @@ class TailAwareRouter:
             del self._handles[server_id]
             self._inflight.pop(server_id, None)
         for key in orphans:
-            self._held.pop(key, None)  # their releases from the dead replica are stale now
+            self._live[key].server = None  # their releases from the dead replica are stale now
         self._wake_placed()
         return orphans
 
@@ -187,7 +193,7 @@ class TailAwareRouter:
             "total_inflight": sum(self._inflight.values()),
             "active_servers": len(self._handles),
             "registered_handles": list(self._handles),
-            "waiting": len([w for w in self._waiters.values() if not w.done()]),
+            "waiting": sum(1 for t in self._live.values() if t.waiter is not None and not t.waiter.done()),
             "acquires": self._acquires,
             "open_releases": dict(self._open_releases),
             "policy": self.policy.snapshot(),
@@ -195,9 +201,9 @@ class TailAwareRouter:
 
     def clear_sticky_cache(self) -> dict:
         """Forgets finished turns. In-flight sequences keep their replica: moving them is the policy's call."""
-        finished = [rid for rid, key in self._key.items() if key in self.policy.finished]
+        finished = [rid for rid, turn in self._current.items() if turn.finished]
         for rid in finished:
-            del self._key[rid]
+            del self._current[rid]
         return {"cleared_entries": len(finished), "server_loads": dict(self._inflight)}
 
     def get_total_inflight(self) -> int:
@@ -217,44 +223,49 @@ class TailAwareRouter:
             predictor.end_epoch()
         self._group_sizes.clear()  # sample indices restart with the next batch
         self._epochs += 1
-        return {"epochs": self._epochs, "moves": self.policy.moves, "finished": len(self.policy.finished),
+        return {"epochs": self._epochs, "moves": self.policy.moves, "finished": self._finished,
                 "acquires": self._acquires}
 
     def policy_key(self, request_id: str) -> str | None:
-        return self._key.get(request_id)
+        turn = self._current.get(request_id)
+        return turn.key if turn is not None else None
 
     # ---- internals --------------------------------------------------------------------------
-    def _key_for(self, request_id: str, prompt_ids, sampling_params) -> str:
-        key = self._key.get(request_id)
-        if key is not None and key not in self.policy.finished:
-            return key
-        turn = self._turns.get(request_id, -1) + 1
-        self._turns[request_id] = turn
-        key = request_id if turn == 0 else f"{request_id}#{turn}"
-        self._key[request_id] = key
+    def _turn_for(self, request_id: str, prompt_ids, sampling_params) -> _Turn:
+        turn = self._current.get(request_id)
+        if turn is not None and not turn.finished:
+            return turn
+        count = self._turn_count.get(request_id, 0)
+        self._turn_count[request_id] = count + 1
+        key = request_id if count == 0 else f"{request_id}#{count}"
         ids = list(prompt_ids) if prompt_ids is not None else []
         group = prompt_hash(ids)
         sample = self._group_sizes.get(group, 0)
         self._group_sizes[group] = sample + 1
         max_tokens = (sampling_params or {}).get("max_tokens") or (sampling_params or {}).get("max_new_tokens")
-        self._prompt_len[key] = len(ids)
+        turn = _Turn(key, len(ids))
+        self._current[request_id] = self._live[key] = turn
         self.policy.submit(Request(key, group, sample, len(ids), int(max_tokens or self.config.default_max_tokens),
                                    group))
-        return key
+        return turn
 
-    def _release(self, key: str, server_id: str, generated: int, finished: bool) -> None:
-        del self._held[key]
+    def _release(self, turn: _Turn, server_id: str, generated: int, finished: bool) -> None:
+        turn.server, turn.generated, turn.finished = None, generated, finished
         if self._inflight.get(server_id, 0) > 0:
             self._inflight[server_id] -= 1
-        self.policy.release(key, server_id, generated, finished)
+        self.policy.release(turn.key, server_id, generated, finished, time.monotonic())
         if finished:
-            del self._prompt_len[key], self._chunk_start[key]
+            del self._live[turn.key]
+            self._finished += 1
         else:
             self._open_releases[server_id] = self._open_releases.get(server_id, 0) + 1
         self._wake_placed()
 
     def _wake_placed(self) -> None:
         for key, server_id in self.policy.take_ready():
-            waiter = self._waiters.pop(key, None)
-            if waiter is not None and not waiter.done():
+            turn = self._live.get(key)
+            if turn is None or turn.waiter is None:
+                continue
+            waiter, turn.waiter = turn.waiter, None
+            if not waiter.done():
                 waiter.set_result(server_id)

@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 
 from rollout_ext.balance.predictor import LengthPredictor
-from rollout_ext.balance.step_model import StepModel, lower_bound_s, token_weighted_context
+from rollout_ext.balance.policy import OracleLPTPolicy, RoundRobinPolicy, VerlDefaultPolicy
+from rollout_ext.balance.predictor import OraclePredictor
+from rollout_ext.balance.simulator import simulate
+from rollout_ext.balance.step_model import (STEP_MODELS, StepModel, lone_path_s, lower_bound_dl_s, lower_bound_s,
+                                            token_weighted_context)
+from rollout_ext.balance.tail_aware import TailAwarePolicy
 from rollout_ext.balance.workload import WorkloadConfig, make_workload, requests_of, warm_history
 
 
@@ -29,6 +34,57 @@ def test_bound_single_replica_and_single_sequence():
     assert lower_bound_s(lengths, prompts, 1, m) >= 2000 * 1000 / x_sat
     # More replicas never raise the bound.
     assert lower_bound_s(lengths, prompts, 4, m) <= lower_bound_s(lengths, prompts, 1, m)
+
+
+def test_dl_bound_single_sequence_is_its_lone_path_and_grows_with_kv_cost():
+    m = StepModel()
+    assert lower_bound_dl_s([1000], [100], 1, m) == pytest.approx(float(lone_path_s([1000], [100], m)[0]))
+    lengths, prompts = np.r_[np.full(400, 500), [20000]], np.full(401, 200)
+    cheap, dear = StepModel(kv_read_ns_per_token=6.0), StepModel(kv_read_ns_per_token=30.0)
+    assert lower_bound_dl_s(lengths, prompts, 8, dear) > lower_bound_dl_s(lengths, prompts, 8, cheap)
+    assert lower_bound_dl_s(lengths, prompts, 8, m) >= lower_bound_dl_s(lengths, prompts, 16, m)
+    with pytest.raises(ValueError, match="replicas must be >= 1, got 0"):
+        lower_bound_dl_s(lengths, prompts, 0, m)
+
+
+def _policies(w, model, seed):
+    true = dict(zip(w.request_ids, map(int, w.lengths)))
+    warm = LengthPredictor()
+    warm_history(warm, make_workload(w.config, epoch=-1))
+    return [RoundRobinPolicy(slots_per_replica=model.max_num_seqs, seed=seed),
+            VerlDefaultPolicy(slots_per_replica=model.max_num_seqs, seed=seed),
+            OracleLPTPolicy(predictor=OraclePredictor(true), slots_per_replica=model.max_num_seqs, seed=seed),
+            TailAwarePolicy(predictor=warm, model=model, seed=seed)]
+
+
+# Small KV and few slots force preemption and slot-bound batches, where the bounds are tightest.
+BOUND_MODELS = {**STEP_MODELS, "cramped": StepModel(kv_capacity_tokens=60_000, max_num_seqs=16)}
+
+
+@pytest.mark.parametrize("model_name", sorted(BOUND_MODELS))
+def test_no_simulated_policy_beats_either_bound(model_name):
+    model = BOUND_MODELS[model_name]
+    tightest = 0.0
+    for seed, replicas in ((1, 2), (2, 8), (3, 32)):
+        w = make_workload(WorkloadConfig(prompts=48, samples=8, mean_tokens=1500, cap_tokens=8192, seed=seed))
+        t_star = lower_bound_s(w.lengths, w.prompt_tokens, replicas, model)
+        t_dl = lower_bound_dl_s(w.lengths, w.prompt_tokens, replicas, model)
+        for policy in _policies(w, model, seed):
+            makespan = simulate(w, policy, replicas, model=model, chunk_tokens=512).makespan_s
+            assert makespan >= t_star * (1 - 1e-9), (policy.name, replicas, makespan, t_star)
+            assert makespan >= t_dl * (1 - 1e-9), (policy.name, replicas, makespan, t_dl)
+            tightest = max(tightest, t_dl / makespan)
+    assert tightest > 0.95  # the bound is not vacuous: within 5% of the best policy somewhere
+
+
+def test_bound_check_catches_an_overstated_bound():
+    """Control for the test above: the same check, with the bound built on twice the true costs, fails."""
+    model = STEP_MODELS["default"]
+    wrong = StepModel(base_ms=2 * model.base_ms, kv_read_ns_per_token=2 * model.kv_read_ns_per_token)
+    w = make_workload(WorkloadConfig(prompts=48, samples=8, mean_tokens=1500, cap_tokens=8192, seed=2))
+    policy = _policies(w, model, 2)[2]
+    makespan = simulate(w, policy, 8, model=model, chunk_tokens=512).makespan_s
+    assert makespan < lower_bound_dl_s(w.lengths, w.prompt_tokens, 8, wrong)
 
 
 def test_token_weighted_context_exceeds_half_mean_for_long_tails():

@@ -10,7 +10,7 @@ from rollout_ext.balance.step_model import StepModel, lower_bound_s
 from rollout_ext.balance.tail_aware import TailAwareConfig, TailAwarePolicy
 from rollout_ext.balance.workload import WorkloadConfig, make_workload
 
-NAMES = ["round_robin", "verl_default", "oracle_lpt", "tail_aware_placement", "tail_aware", "tail_aware_finish"]
+NAMES = ["round_robin", "verl_default", "oracle_lpt", "tail_aware_placement", "tail_aware"]
 SMALL_MODEL = StepModel(max_num_seqs=8, kv_capacity_tokens=40_000)
 
 
@@ -22,9 +22,6 @@ def make(name, workload, model=SMALL_MODEL, seed=0):
         return VerlDefaultPolicy(seed=seed)
     if name == "oracle_lpt":
         return OracleLPTPolicy(predictor=OraclePredictor(true), slots_per_replica=model.max_num_seqs)
-    if name == "tail_aware_finish":  # the earlier finish-time placement with hold-back
-        cfg = TailAwareConfig(placement="finish", move_margin=0.0, critical_share=0.0)
-        return TailAwarePolicy(predictor=LengthPredictor(), model=model, config=cfg, seed=seed)
     cfg = TailAwareConfig(redispatch=name == "tail_aware", move_margin=0.0)
     return TailAwarePolicy(predictor=LengthPredictor(), model=model, config=cfg, seed=seed)
 
@@ -42,9 +39,9 @@ class CheckedPolicy:
     def _check_loads(self):
         assert all(v >= 0 for v in self.inner.load_tokens.values())
 
-    def acquire(self, rid, generated):
+    def acquire(self, rid, generated, now_s=None):
         assert rid not in self.on, f"{rid} acquired while a chunk runs"
-        rep = self.inner.acquire(rid, generated)
+        rep = self.inner.acquire(rid, generated, now_s)
         if rep is not None:
             self.on[rid] = rep
         self._check_loads()
@@ -57,9 +54,9 @@ class CheckedPolicy:
             self.on[rid] = rep
         return ready
 
-    def release(self, rid, rep, generated, finished):
+    def release(self, rid, rep, generated, finished, now_s=None):
         assert self.on.pop(rid) == rep
-        self.inner.release(rid, rep, generated, finished)
+        self.inner.release(rid, rep, generated, finished, now_s)
         self._check_loads()
 
     def remove_replica(self, rep):
@@ -126,12 +123,11 @@ def test_remove_replica_returns_in_flight_requests():
     assert policy.load_tokens["b"] >= 0
 
 
-def test_tail_aware_holds_back_then_places_longest_first():
+def test_tail_aware_parks_then_places_longest_first():
     from rollout_ext.balance.request import Request
 
     true = {"short": 10, "long": 5000, "mid": 500}
-    policy = TailAwarePolicy(predictor=OraclePredictor(true), slots_per_replica=1,
-                             config=TailAwareConfig(probe_first=False))
+    policy = TailAwarePolicy(predictor=OraclePredictor(true), slots_per_replica=1)
     policy.add_replica("a")
     for i, rid in enumerate(true):
         policy.submit(Request(rid, rid, 0, 10, 8000))
@@ -142,9 +138,10 @@ def test_tail_aware_holds_back_then_places_longest_first():
     assert policy.acquire("mid", 0) == "a"  # a parked request learns its replica on retry
 
 
-def test_tail_aware_config_rejects_unknown_placement():
-    with pytest.raises(ValueError, match="placement"):
-        TailAwareConfig(placement="random")
+def test_tail_aware_config_rejects_a_dropped_knob():
+    # The variants measured and dropped (docs/router.md) are gone, not silently ignored.
+    with pytest.raises(TypeError, match="placement"):
+        TailAwareConfig(placement="finish")
 
 
 @settings(max_examples=8, deadline=None)
@@ -155,19 +152,6 @@ def test_move_accounting_and_start_times(name, replicas, seed):
     assert sorted(res.start_s) == sorted(w.request_ids)
     assert all(res.start_s[rid] <= res.finish_s[rid] for rid in w.request_ids)
     assert (res.move_prefill_tokens == 0) == (res.moves == 0)
-
-
-def test_moves_off_the_critical_path_are_refused():
-    """With critical_share=1 a sequence moves only from the replica predicted to finish last."""
-    w = make_workload(WorkloadConfig(prompts=6, samples=4, mean_tokens=600, cap_tokens=2048, seed=2))
-    true = dict(zip(w.request_ids, map(int, w.lengths)))
-    free = TailAwarePolicy(predictor=OraclePredictor(true), model=SMALL_MODEL,
-                           config=TailAwareConfig(move_margin=0.0, critical_share=0.0))
-    strict = TailAwarePolicy(predictor=OraclePredictor(true), model=SMALL_MODEL,
-                             config=TailAwareConfig(move_margin=0.0, critical_share=1.0))
-    a = simulate(w, free, 3, model=SMALL_MODEL, chunk_tokens=64)
-    b = simulate(w, strict, 3, model=SMALL_MODEL, chunk_tokens=64)
-    assert b.moves <= a.moves
 
 
 MIX_LENGTHS = {"a": 9000, "long": 5000, "mid": 500, "short": 10}
@@ -222,3 +206,14 @@ def test_tail_aware_config_rejects_negative_mix_factor():
 def test_tail_aware_config_rejects_a_non_positive_move_factor(factor):
     with pytest.raises(ValueError, match=r"move_rem_factor=.*allowed: > 0"):
         TailAwareConfig(move_rem_factor=factor)
+
+
+def test_registry_builds_every_policy_by_name_and_refuses_others():
+    from rollout_ext.balance.registry import POLICIES, ROUTER_POLICIES, make_policy
+
+    for name, spec in POLICIES.items():
+        policy = make_policy(name, predictor=LengthPredictor() if spec.predicted else None, slots_per_replica=4)
+        assert policy.name == name and isinstance(policy, spec.cls) and policy.slots_per_replica == 4
+    assert "oracle_lpt" not in ROUTER_POLICIES and set(ROUTER_POLICIES) < set(POLICIES)
+    with pytest.raises(ValueError, match=r"policy='lpt'; allowed: round_robin, verl_default, tail_aware_placement"):
+        make_policy("lpt")

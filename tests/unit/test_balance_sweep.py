@@ -1,6 +1,7 @@
-"""bench/balance_sweep.py as users run it: a script that writes per-cell rows and a per-R summary."""
+"""bench/balance_sweep.py as users run it: a script that writes per-cell rows and a per-step-model summary."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -10,24 +11,47 @@ def _sweep(repo_root, *args):
                           capture_output=True, text=True, timeout=300)
 
 
-def test_sweep_summary_counts_match_the_rows(repo_root, tmp_path):
+def test_sweep_summary_matches_the_rows(repo_root, tmp_path):
     out = tmp_path / "sweep.json"
-    proc = _sweep(repo_root, "--prompts", "6", "--samples", "4", "--replicas", "2,3", "--iccs", "0.3,0.8",
-                  "--caps", "8192", "--json", str(out))
+    proc = _sweep(repo_root, "--prompts", "6", "--samples", "4", "--replicas", "2,3", "--iccs", "0.3",
+                  "--caps", "8192", "--seeds", "1", "--verl-seeds", "3", "--step-models", "default,kv_heavy",
+                  "--jobs", "1", "--json", str(out))
     assert proc.returncode in (0, 1), proc.stderr
     data = json.loads(out.read_text())
-    assert data["cells"] == len(data["rows"]) == 4
-    for replicas, entry in data["summary"].items():
-        rows = [r["ratios"] for r in data["rows"] if r["replicas"] == int(replicas)]
-        assert entry["cells"] == len(rows) == 2
-        for other in ("round_robin", "verl_default", "tail_aware_placement"):
-            assert entry[other]["lower"] == sum(r["tail_aware"] < r[other] for r in rows)
-            assert 0 < entry[other]["geo_mean"]
-    assert "per R, paired over cells" in proc.stdout
-    assert proc.returncode == (0 if data["passed"] == data["cells"] else 1)
+    rows, summary = data["rows"], data["summary"]
+    assert len(rows) == 4 and {r["step_model"] for r in rows} == {"default", "kv_heavy"}
+    for row in rows:
+        assert len(row["verl_default_runs_s"]) == 3
+        assert math.isclose(row["makespan_s"]["verl_default"], sum(row["verl_default_runs_s"]) / 3)
+        assert row["makespan_s"]["tail_aware"] >= row["t_dl_s"] * (1 - 1e-9)
+    for name, entry in summary["per_step_model"].items():
+        cells = [r["vs_verl"]["tail_aware"] for r in rows if r["step_model"] == name]
+        assert entry["cells"] == len(cells) == 2
+        assert math.isclose(entry["vs_verl_worst"], max(cells))
+        assert math.isclose(entry["vs_verl_geo"], math.exp(sum(map(math.log, cells)) / 2))
+    overall = summary["overall"]
+    assert overall["pass"] == (overall["cells_above_1"] == 0 and overall["vs_verl_geo"] <= 0.92)
+    assert proc.returncode == (0 if overall["pass"] else 1)
+    assert "TA/T*dl geo" in proc.stdout and ("PASS:" in proc.stdout or "FAIL:" in proc.stdout)
+
+
+def test_compare_pairs_cells_with_another_sweep(repo_root, tmp_path):
+    small = ["--prompts", "6", "--samples", "4", "--replicas", "2", "--iccs", "0.3", "--seeds", "1",
+             "--verl-seeds", "2", "--jobs", "1"]
+    first = tmp_path / "true.json"
+    _sweep(repo_root, *small, "--policy-model", "true", "--no-clock", "--json", str(first))
+    same = _sweep(repo_root, *small, "--policy-model", "true", "--no-clock", "--compare", str(first))
+    assert "all                3  1.0000  1.0000  1.0000" in same.stdout  # the same runs: exactly 1
+    assert "policies given the true step model, no clock" in same.stdout
+    off = _sweep(repo_root, *small, "--policy-model", "off", "--prior-error", "2.5", "--compare", str(first))
+    assert "(x2.5 alternating), calibrated from the clock" in off.stdout
+    assert "tail_aware here / tail_aware in --compare" in off.stdout
+    assert _sweep(repo_root, "--prior-error", "0").stderr.strip().endswith("--prior-error=0.0; allowed: a number > 0")
 
 
 def test_sweep_rejects_a_bad_list(repo_root):
     proc = _sweep(repo_root, "--iccs", "0.3,high")
     assert proc.returncode != 0
     assert "--iccs='0.3,high'" in proc.stderr
+    proc = _sweep(repo_root, "--step-models", "default,gpu")
+    assert proc.returncode != 0 and "--step-models='default,gpu'; allowed: default, kv_heavy, per_seq_heavy" in proc.stderr

@@ -29,7 +29,9 @@ def test_every_policy_name_builds(name):
     ({"policy": "oracle_lpt"}, "allowed"),  # needs true lengths: simulator only
     ({"chunk_size": 64}, "unknown keys"),
     ({"chunk_tokens": -1}, "chunk_tokens"),
-    ({"tail_aware": {"placement": "nope"}}, "placement"),
+    ({"tail_aware": {"placement": "finish"}}, r"tail_aware: unknown fields \['placement'\]; allowed: .*move_margin"),
+    ({"step_model": {"base_s": 0.01}}, r"step_model: unknown fields \['base_s'\]"),
+    ({"tail_aware": {"move_margin": -1}}, "move_margin"),
 ])
 def test_bad_router_config_is_refused(raw, message):
     with pytest.raises(ValueError, match=message):

@@ -64,6 +64,7 @@ def _scenarios(tmp: Path) -> dict:
         await lb.release_server.remote(server_id=b, request_id="b")  # verl's plain client: finished
         status = await lb.get_status.remote()
         out["status_keys"] = sorted(status)
+        out["status_policy_verl_default"] = status["policy"]
         out["finished"] = status["policy"]["finished"]
         out["inflight_0"] = await lb.get_total_inflight.remote()
         # A finished request id acquired again is a new turn.
@@ -81,6 +82,8 @@ def _scenarios(tmp: Path) -> dict:
         out["parked_while_full"] = not done
         await lb.release_server.remote(server_id=first[0][0], request_id="x", generated_tokens=5, finished=True)
         out["placed_after_release"] = (await parked)[0] == first[0][0]
+        # The router passes wall time: x's chunk (5 tokens) is one sample of the step-model fit.
+        out["fit"] = (await lb.get_status.remote())["policy"].get("step_model_fit")
 
         # remove_servers hands the replica's in-flight requests back; they re-acquire elsewhere.
         orphans = await lb.remove_servers.remote([first[1][0]])
@@ -149,6 +152,11 @@ def test_parked_acquire_waits_for_a_free_slot(report):
     assert report["two_replicas_used"]
     assert report["parked_while_full"]
     assert report["placed_after_release"]
+
+
+def test_tail_aware_times_chunks_on_the_router_clock(report):
+    assert report["fit"]["chunks"] == 1, report["fit"]
+    assert "step_model_fit" not in report["status_policy_verl_default"]  # control: a policy without a fit
 
 
 def test_removed_replica_hands_back_its_requests(report):

@@ -1,0 +1,85 @@
+"""The replicas' step-time model, learned online from what a router sees at chunk boundaries.
+
+A chunk is one acquire/release pair on one replica. The policy knows when it started and ended
+(the clock it is given), the tokens it produced, and what else it had placed on that replica. The
+step model predicts the chunk's time as
+
+    elapsed_s = tokens * (base + per_seq * B + kv * K) + prefill * P
+
+with B the replica's running batch and K its resident KV tokens (both averaged over the chunk),
+and P the tokens the chunk had to prefill first: the whole context on a replica that does not hold
+the sequence's KV (its first chunk, or after a move), else none (the prefix cache). The four
+constants are fitted by least squares on the ratio to the prior (`StepModel`). The prior decides
+until MIN_CHUNKS chunks have been seen; after that it is only a faint ridge (a twentieth of a
+chunk) that keeps the fit solvable. The batch and KV features move together, so a heavier pull
+towards a wrong prior would drag their poorly determined mix with it, and a free fit could trade
+one constant against the other into a negative value: ratios are clamped to [1/50, 50] of the
+prior (of the project default where the prior is 0). The prefill constant is the least
+determined: a chunk's prefill is small beside its decode time.
+
+What it does not see: time a chunk waited in a replica's own queue (vLLM's waiting list, when the
+KV is full) counts as step time, which biases the fit towards a slower replica. Prefills of the
+other sequences placed on the replica during a chunk (or at the same instant as it) are charged
+to that chunk, since a prefill stalls every running sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from rollout_ext.balance.step_model import StepModel
+
+FIELDS = ("base_ms", "per_seq_us", "kv_read_ns_per_token", "prefill_us_per_token")
+_TO_S = np.array([1e-3, 1e-6, 1e-9, 1e-6])  # each field's unit in seconds
+PRIOR_CHUNKS = 0.05  # the prior's weight, in typical chunks: it only keeps an early fit solvable
+RATIO_RANGE = (0.02, 50.0)
+MIN_CHUNKS = 32  # chunks before the first fit replaces the prior
+REFIT_EVERY = 8  # chunks between refits
+
+
+def off_by(model: StepModel, factor: float) -> StepModel:
+    """`model` with every timing constant wrong by `factor`, in alternating directions (x factor,
+    / factor, ...): a prior for testing calibration. A uniform error would change no decision."""
+    return replace(model, **{f: getattr(model, f) * (factor if i % 2 == 0 else 1 / factor)
+                             for i, f in enumerate(FIELDS)})
+
+
+class StepModelFit:
+    def __init__(self, prior: StepModel) -> None:
+        self.prior = prior
+        prior_values = np.array([getattr(prior, f) for f in FIELDS])
+        # The fit runs on ratios to a scale: the prior's constant, or the default one where the prior says 0.
+        fallback = np.array([getattr(StepModel(), f) for f in FIELDS])
+        self._scale = np.where(prior_values > 0, prior_values, fallback)
+        self._unit = self._scale * _TO_S
+        # A typical chunk sets the ridge's weight: 1K tokens at half the slots and half the KV, and a
+        # 2K-token prefill.
+        typical = self._unit * np.array([1024.0, 1024.0 * prior.max_num_seqs / 2,
+                                         1024.0 * prior.kv_capacity_tokens / 2, 2048.0])
+        ridge = PRIOR_CHUNKS * typical * typical
+        self._a = np.diag(ridge)
+        self._b = ridge * prior_values / self._scale  # pulled towards the prior
+        self.chunks = 0
+        self.model = prior
+
+    def observe(self, tokens: int, elapsed_s: float, batch: float, kv_tokens: float, prefill_tokens: float) -> None:
+        """One chunk: `tokens` decoded in `elapsed_s`, beside `batch` sequences holding `kv_tokens`."""
+        if tokens <= 0 or elapsed_s <= 0:
+            return
+        x = np.array([tokens, tokens * batch, tokens * kv_tokens, prefill_tokens]) * self._unit
+        self._a += np.outer(x, x)
+        self._b += x * elapsed_s
+        self.chunks += 1
+        if self.chunks >= MIN_CHUNKS and self.chunks % REFIT_EVERY == 0:
+            self._refit()
+
+    def _refit(self) -> None:
+        ratio = np.clip(np.linalg.solve(self._a, self._b), *RATIO_RANGE)
+        values = self._scale * ratio
+        self.model = replace(self.prior, **{f: float(v) for f, v in zip(FIELDS, values)})
+
+    def ratios(self) -> dict[str, float]:
+        """Fitted constant / its scale (the prior's constant where that is > 0), per field."""
+        return {f: round(getattr(self.model, f) / scale, 3) for f, scale in zip(FIELDS, self._scale)}

@@ -1,0 +1,83 @@
+"""The step-model fit: it recovers a replica's constants from chunk timings, and the policy learns them in
+the simulator from the clock alone."""
+
+import numpy as np
+import pytest
+
+from rollout_ext.balance.calibration import FIELDS, StepModelFit, off_by
+from rollout_ext.balance.predictor import LengthPredictor
+from rollout_ext.balance.simulator import simulate
+from rollout_ext.balance.step_model import STEP_MODELS, StepModel
+from rollout_ext.balance.tail_aware import TailAwarePolicy
+from rollout_ext.balance.workload import WorkloadConfig, make_workload, warm_history
+
+
+def _chunks(model: StepModel, n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        batch = int(rng.integers(1, model.max_num_seqs + 1))
+        kv = float(min(model.kv_capacity_tokens, batch * rng.uniform(200, 8000)))
+        tokens = int(rng.integers(64, 1025))
+        prefill = float(rng.uniform(0, 16000)) if rng.random() < 0.3 else 0.0
+        elapsed = tokens * model.step_s(batch, kv) + model.prefill_s(prefill)
+        yield tokens, elapsed * rng.uniform(0.98, 1.02), batch, kv, prefill
+
+
+@pytest.mark.parametrize("name", sorted(STEP_MODELS))
+@pytest.mark.parametrize("factor", [2.5, 1 / 2.5])
+def test_fit_recovers_the_constants_from_a_prior_off_by_2_5x(name, factor):
+    true = STEP_MODELS[name]
+    fit = StepModelFit(off_by(true, factor))
+    assert fit.model == fit.prior  # no data: the prior decides
+    for chunk in _chunks(true, 400):
+        fit.observe(*chunk)
+    # A chunk's prefill is small beside its decode time, so the prefill constant is the least determined.
+    for field, rel in zip(FIELDS, (0.05, 0.05, 0.05, 0.15)):
+        assert getattr(fit.model, field) == pytest.approx(getattr(true, field), rel=rel), (field, fit.ratios())
+        # control: the prior itself is far off
+        assert abs(getattr(fit.prior, field) / getattr(true, field) - 1) > 0.5
+
+
+def test_fit_ignores_empty_chunks_and_clamps():
+    fit = StepModelFit(StepModel())
+    for _ in range(16):
+        fit.observe(0, 1.0, 4, 1000, 0)  # no tokens
+        fit.observe(100, 0.0, 4, 1000, 0)  # no time
+    assert fit.chunks == 0 and fit.model == StepModel()
+    for _ in range(64):
+        fit.observe(100, 1e4, 1, 0, 0)  # absurdly slow steps: ratios stop at the clamp
+    assert max(fit.ratios().values()) <= 50.0 and fit.model.base_ms <= 50 * StepModel().base_ms
+
+
+def _learned(true: StepModel, prior: StepModel, clock: bool) -> TailAwarePolicy:
+    cfg = WorkloadConfig(prompts=24, samples=16, mean_tokens=3500, cap_tokens=20480, icc=0.6, seed=4)
+    predictor = LengthPredictor()
+    warm_history(predictor, make_workload(cfg, epoch=-1))
+    policy = TailAwarePolicy(predictor=predictor, model=prior)
+    simulate(make_workload(cfg), policy, 4, model=true, chunk_tokens=1024, clock=clock)
+    return policy
+
+
+# Operating points of the run: a lone sequence, a small and a large batch.
+POINTS = [(1, 2_000), (16, 64_000), (64, 256_000)]
+
+
+@pytest.mark.parametrize("name", sorted(STEP_MODELS))
+def test_policy_learns_step_times_from_the_simulated_clock(name):
+    true = STEP_MODELS[name]
+    policy = _learned(true, off_by(true, 2.5), clock=True)
+    assert policy.fit.chunks > 100
+    # Within 20% at every operating point, from a prior 1.3-2.5x off there. The fit cannot see which
+    # placed sequences wait in the replica's own queue, and a lone sequence is an extrapolation
+    # from the batches this run had.
+    for batch, kv in POINTS:
+        assert policy.model.step_s(batch, kv) == pytest.approx(true.step_s(batch, kv), rel=0.2), (batch, policy.fit.ratios())
+    assert policy.snapshot()["step_model_fit"]["chunks"] == policy.fit.chunks
+
+
+def test_without_a_clock_the_policy_keeps_its_prior():
+    """Control for the test above: the same run without time leaves the wrong prior in place."""
+    true = STEP_MODELS["default"]
+    policy = _learned(true, off_by(true, 2.5), clock=False)
+    assert policy.fit.chunks == 0 and policy.model == off_by(true, 2.5)
+    assert policy.model.step_s(16, 64_000) > 1.5 * true.step_s(16, 64_000)
