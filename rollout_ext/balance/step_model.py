@@ -152,12 +152,15 @@ def token_weighted_context(lengths: np.ndarray, prompt_lens: np.ndarray) -> floa
     return float((prompt_lens * lengths + lengths * (lengths + 1) / 2).sum() / total)
 
 
-def lower_bound_s(lengths, prompt_lens, replicas: int, model: StepModel) -> float:
-    """T* for these sequences on `replicas` replicas (see module docstring)."""
+def _bound_inputs(lengths, prompt_lens, replicas: int) -> tuple[np.ndarray, np.ndarray]:
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
-    lengths = np.asarray(lengths, dtype=np.float64)
-    prompt_lens = np.asarray(prompt_lens, dtype=np.float64)
+    return np.asarray(lengths, dtype=np.float64), np.asarray(prompt_lens, dtype=np.float64)
+
+
+def lower_bound_s(lengths, prompt_lens, replicas: int, model: StepModel) -> float:
+    """T* for these sequences on `replicas` replicas (see module docstring)."""
+    lengths, prompt_lens = _bound_inputs(lengths, prompt_lens, replicas)
     if lengths.size == 0:
         return 0.0
     x_sat = model.saturated_tokens_per_s(token_weighted_context(lengths, prompt_lens))
@@ -194,10 +197,7 @@ def lone_path_s(lengths, prompt_lens, model: StepModel) -> np.ndarray:
 
 def lower_bound_dl_s(lengths, prompt_lens, replicas: int, model: StepModel, rel_tol: float = 1e-6) -> float:
     """T*_dl for these sequences on `replicas` replicas (see module docstring)."""
-    if replicas < 1:
-        raise ValueError(f"replicas must be >= 1, got {replicas}")
-    lengths = np.asarray(lengths, dtype=np.float64)
-    prompt_lens = np.asarray(prompt_lens, dtype=np.float64)
+    lengths, prompt_lens = _bound_inputs(lengths, prompt_lens, replicas)
     if lengths.size == 0:
         return 0.0
     w, s = _kv_sums(lengths, prompt_lens)
