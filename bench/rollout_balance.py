@@ -120,15 +120,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 def make_policy(name: str, workload, previous, model: StepModel, seed: int):
     """A policy from rollout_ext.balance.registry; predicted ones get a predictor warmed with `previous`
     (oracle ones the true lengths). tail_aware_oracle is tail_aware with the true lengths."""
-    true = {rid: int(n) for rid, n in zip(workload.request_ids, workload.lengths)}
-    oracle = name in ("oracle_lpt", "tail_aware_oracle")
-    base = "tail_aware" if name == "tail_aware_oracle" else name
     if name not in POLICIES:
         raise ValueError(f"policy={name!r}; allowed: {', '.join(POLICIES)}")
+    base = "tail_aware" if name == "tail_aware_oracle" else name
     predictor = None
     if REGISTRY[base].predicted:
-        if oracle:
-            predictor = OraclePredictor(true)
+        if name in ("oracle_lpt", "tail_aware_oracle"):
+            predictor = OraclePredictor(dict(zip(workload.request_ids, map(int, workload.lengths))))
         else:
             predictor = LengthPredictor()
             warm_history(predictor, previous)

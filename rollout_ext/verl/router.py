@@ -94,9 +94,8 @@ class _Turn:
 
     key: str  # policy request id: the verl request id, or "<id>#<turn>" from its second turn on
     prompt_len: int  # prompt tokens of this turn
-    generated: int = 0  # tokens generated, as of the last chunk boundary
+    generated: int = 0  # tokens generated as of the last chunk boundary (while a chunk runs: at its start)
     server: str | None = None  # replica running its chunk now
-    chunk_start: int = 0  # tokens generated when the running chunk began
     finished: bool = False
     waiter: asyncio.Future | None = None  # set while its acquire is parked
 
@@ -147,7 +146,7 @@ class TailAwareRouter:
             if server_id in self._handles:
                 break
             # Placed on a replica that was removed before this call woke up: ask again.
-        turn.server, turn.chunk_start, turn.generated = server_id, generated, generated
+        turn.server, turn.generated = server_id, generated
         self._acquires += 1
         self._inflight[server_id] += 1
         return server_id, self._handles[server_id]
@@ -157,7 +156,7 @@ class TailAwareRouter:
         turn = self._current.get(request_id) if request_id is not None else None
         if turn is None or turn.server != server_id:
             return  # stale (replica removed, or already released by a later acquire)
-        if not finished and generated_tokens is not None and generated_tokens <= turn.chunk_start:
+        if not finished and generated_tokens is not None and generated_tokens <= turn.generated:
             return  # the previous chunk's release, overtaken by this chunk's acquire (no chunk ends empty)
         if finished is None:
             finished = True  # verl's plain client: one generate call is the whole turn
