@@ -179,6 +179,8 @@ def run_real(a) -> dict:
                 "longest_finish_s": run["finish_s"][longest["request_id"]], "moves": status["policy"]["moves"],
                 "moved_sequences": sum(len(set(o.extra_fields.get("continuation_replicas", ()))) > 1 for o in outs),
                 "chunks": sum(o.extra_fields.get("continuation_chunks", 1) for o in outs),
+                # The router round trip at a boundary, as the client saw it (release, then acquire).
+                "boundary_acquire_ms": _per_boundary_ms(outs),
                 "wrong_lengths": sum(len(o.token_ids) != j["length"] for j, o in zip(measured, outs)),
                 "predictor": status["policy"].get("predictor"),
             }
@@ -194,6 +196,8 @@ def run_real(a) -> dict:
             # Alternate the order so that drifting load on the machine hits every policy alike.
             for name, policy, chunk_tokens in (rows if rep % 2 == 0 else rows[::-1]):
                 runs[name].append(measure(name, policy, chunk_tokens))
+                print(f"repeat {rep + 1}/{a.repeats} {name}: {runs[name][-1]['makespan_s']:.2f} s, "
+                      f"{runs[name][-1]['chunks']} chunks", flush=True)
         for name, policy, chunk_tokens in rows:
             reps = runs[name]
             spans = sorted(r["makespan_s"] for r in reps)
@@ -202,7 +206,8 @@ def run_real(a) -> dict:
                 "makespan_s": round(float(np.median(spans)), 3), "makespan_runs_s": [round(r["makespan_s"], 3) for r in reps],
                 "longest_finish_s": round(float(np.median([r["longest_finish_s"] for r in reps])), 3),
                 "moves": sum(r["moves"] for r in reps), "moved_sequences": sum(r["moved_sequences"] for r in reps),
-                "chunks": reps[-1]["chunks"], "wrong_lengths": sum(r["wrong_lengths"] for r in reps),
+                "chunks": reps[-1]["chunks"], "boundary_acquire_ms": [r["boundary_acquire_ms"] for r in reps],
+                "wrong_lengths": sum(r["wrong_lengths"] for r in reps),
                 "predictor": reps[-1]["predictor"],
             })
     finally:
@@ -228,6 +233,12 @@ def run_real(a) -> dict:
     }
 
 
+def _per_boundary_ms(outs) -> float | None:
+    boundaries = sum(o.extra_fields.get("continuation_chunks", 1) - 1 for o in outs)
+    total_s = sum(o.extra_fields.get("continuation_boundary_acquire_s", 0.0) for o in outs)
+    return round(1e3 * total_s / boundaries, 2) if boundaries else None
+
+
 def _cpus() -> int:
     import os
 
@@ -238,10 +249,12 @@ def main(argv=None) -> dict:
     a = parse_args(argv)
     out = run_real(a)
     print(json.dumps(out["setup"], indent=1))
-    print(f"{'policy':<24} {'makespan_s':>10} {'vs_verl':>8} {'moves':>6} {'chunks':>7} {'wrong_len':>9}  runs_s")
+    print(f"{'policy':<24} {'makespan_s':>10} {'vs_verl':>8} {'moves':>6} {'chunks':>7} {'wrong_len':>9}  runs_s"
+          "  (boundary acquire ms per run)")
     for r in out["results"]:
         print(f"{r['policy']:<24} {r['makespan_s']:>10.2f} {r['ratio_vs_verl_default'] or 0:>8.3f} "
-              f"{r['moves']:>6} {r['chunks']:>7} {r['wrong_lengths']:>9}  {r['makespan_runs_s']}")
+              f"{r['moves']:>6} {r['chunks']:>7} {r['wrong_lengths']:>9}  {r['makespan_runs_s']}"
+              f"  {r['boundary_acquire_ms']}")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
     return out

@@ -12,6 +12,9 @@ not the cell's true constants; `true` hands them the truth, and `off` the truth 
 constant wrong by --prior-error in alternating directions. tail_aware refines its prior from the
 simulated clock (rollout_ext/balance/calibration.py) unless --no-clock.
 
+--oracle adds oracle_lpt (true lengths, longest first, no moves) per cell: what placement alone could
+reach with perfect predictions, a yardstick for the target.
+
 --compare OTHER.json prints, per step model, tail_aware's makespan over the same cell's in another
 sweep's JSON (the calibration check: an `off` run against a `true --no-clock` run).
 
@@ -79,6 +82,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-clock", action="store_true", help="the simulator passes no time (no calibration)")
     p.add_argument("--compare", default=None, help="another sweep's JSON: tail_aware here over tail_aware there")
     p.add_argument("--target", type=float, default=0.92, help="required geometric mean of tail_aware / verl_default")
+    p.add_argument("--oracle", action="store_true",
+                   help="also run oracle_lpt (true lengths, longest first): what placement alone could reach")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="cells simulated in parallel")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
@@ -115,12 +120,12 @@ def run_cell(cell: dict) -> dict:
     verl = [run("verl_default", seed).makespan_s for seed in range(cell["verl_seeds"])]
     makespan = {"verl_default": statistics.fmean(verl)}
     moves = {}
-    for name in POLICIES:
+    for name in POLICIES + (("oracle_lpt",) if cell.get("oracle") else ()):
         res = run(name, 0)
         makespan[name], moves[name] = res.makespan_s, res.moves
     return {**cell, "t_star_s": t_star, "t_dl_s": t_dl, "makespan_s": makespan, "verl_default_runs_s": verl,
             "verl_default_spread": (max(verl) - min(verl)) / makespan["verl_default"], "moves": moves,
-            "vs_verl": {n: makespan[n] / makespan["verl_default"] for n in POLICIES},
+            "vs_verl": {n: v / makespan["verl_default"] for n, v in makespan.items() if n != "verl_default"},
             "vs_t_star": {n: v / t_star for n, v in makespan.items()},
             "vs_t_dl": {n: v / t_dl for n, v in makespan.items()}, "wall_s": time.perf_counter() - started}
 
@@ -135,7 +140,7 @@ def summarize(rows: list[dict], target: float) -> dict:
     and against both bounds."""
     def entry(cells):
         worst = max(cells, key=lambda r: r["vs_verl"]["tail_aware"])
-        return {"cells": len(cells),
+        out = {"cells": len(cells),
                 "vs_verl_geo": _geo(r["vs_verl"]["tail_aware"] for r in cells),
                 "vs_verl_worst": worst["vs_verl"]["tail_aware"],
                 "worst_cell": {k: worst[k] for k in ("replicas", "icc", "cap_tokens", "seed")},
@@ -146,6 +151,9 @@ def summarize(rows: list[dict], target: float) -> dict:
                 "vs_t_dl_worst": max(r["vs_t_dl"]["tail_aware"] for r in cells),
                 "verl_vs_t_dl_geo": _geo(r["vs_t_dl"]["verl_default"] for r in cells),
                 "cells_above_1": sum(r["vs_verl"]["tail_aware"] > 1.0 for r in cells)}
+        if all("oracle_lpt" in r["vs_verl"] for r in cells):
+            out["oracle_vs_verl_geo"] = _geo(r["vs_verl"]["oracle_lpt"] for r in cells)
+        return out
 
     out = {name: entry([r for r in rows if r["step_model"] == name])
            for name in dict.fromkeys(r["step_model"] for r in rows)}
@@ -157,12 +165,13 @@ def summarize(rows: list[dict], target: float) -> dict:
 def summary_lines(summary: dict) -> list[str]:
     head = (f"{'step model':<14} {'cells':>5}  {'TA/verl geo':>11} {'worst':>6} {'>1':>3}  {'TAplace/verl':>12}"
             f"  {'TA/T* geo':>9} {'worst':>6}  {'TA/T*dl geo':>11} {'worst':>6}  {'verl/T*dl':>9}")
-    lines = [head]
+    oracle = "oracle_vs_verl_geo" in summary["overall"]
+    lines = [head + (f"  {'oracle/verl':>11}" if oracle else "")]
     for name, e in [*summary["per_step_model"].items(), ("all", summary["overall"])]:
         lines.append(f"{name:<14} {e['cells']:>5}  {e['vs_verl_geo']:>11.3f} {e['vs_verl_worst']:>6.3f} "
                      f"{e['cells_above_1']:>3}  {e['placement_vs_verl_geo']:>12.3f}  {e['vs_t_star_geo']:>9.3f} "
                      f"{e['vs_t_star_worst']:>6.3f}  {e['vs_t_dl_geo']:>11.3f} {e['vs_t_dl_worst']:>6.3f}  "
-                     f"{e['verl_vs_t_dl_geo']:>9.3f}")
+                     f"{e['verl_vs_t_dl_geo']:>9.3f}" + (f"  {e['oracle_vs_verl_geo']:>11.3f}" if oracle else ""))
     return lines
 
 
@@ -192,7 +201,7 @@ def main(argv=None) -> int:
     cells = [{"step_model": m, "replicas": r, "icc": icc, "cap_tokens": cap, "seed": a.seed + k,
               "prompts": a.prompts, "samples": a.samples, "mean_len": a.mean_len, "chunk_tokens": a.chunk_tokens,
               "verl_seeds": a.verl_seeds, "policy_model": a.policy_model, "prior_error": a.prior_error,
-              "clock": not a.no_clock}
+              "clock": not a.no_clock, "oracle": a.oracle}
              for m in a.model_list for r in a.replica_list for icc in a.icc_list for cap in a.cap_list
              for k in range(a.seeds)]
     print(f"{len(cells)} cells: {a.prompts}x{a.samples} prompts, mean {a.mean_len:.0f}, chunk {a.chunk_tokens}, "

@@ -18,6 +18,10 @@ One policy object is driven the same way by the simulator and by a verl router a
     policy.remove_replica(replica_id) -> [request_id, ...]
         # in-flight requests of that replica; the caller re-acquires each of them
     policy.snapshot() -> dict                          # status for logs and get_status()
+    policy.next_chunk_tokens(request_id, chunk_tokens) -> int
+        # for a placed request: the tokens to run before its next boundary. chunk_tokens where
+        # the policy may move it at that boundary, 0 (the rest in one piece) where it never will:
+        # a chunk boundary costs a round trip and a re-schedule on a real engine.
 
 A chunk is one acquire/release pair. The policy decides at each acquire: the same replica is
 cheap (prefix cache), another one costs a re-prefill of prompt + generated tokens.
@@ -38,6 +42,7 @@ from rollout_ext.balance.request import Request
 
 class Policy:
     name = "base"
+    moves_sequences = False  # whether it may send a continuation elsewhere than its home replica
 
     def __init__(self, *, predictor=None, slots_per_replica: int = 256, seed: int = 0) -> None:
         if slots_per_replica < 1:
@@ -122,6 +127,13 @@ class Policy:
         self._pump()
         ready, self._ready = self._ready, []
         return ready
+
+    def next_chunk_tokens(self, request_id: str, chunk_tokens: int) -> int:
+        """Tokens the placed request runs before its next boundary (0: the rest, in one piece)."""
+        return chunk_tokens if self._may_move(request_id) else 0
+
+    def _may_move(self, request_id: str) -> bool:
+        return self.moves_sequences
 
     def snapshot(self) -> dict:
         out = {

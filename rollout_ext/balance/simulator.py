@@ -11,7 +11,8 @@ tokens a step, so the time of n steps is an arithmetic series (`StepModel.steps_
 all replicas sit in one heapq; stale ones are skipped by a version number.
 
 Chunks: every `chunk_tokens` generated tokens a sequence returns to the caller, which releases
-it and acquires again (like the chunked-continuation router). If the policy answers another
+it and acquires again (like the chunked-continuation router), if the policy may move it there
+(`policy.next_chunk_tokens`); otherwise it runs to its end in one piece. If the policy answers another
 replica, the sequence moves there and pays a re-prefill; if it answers None, it is parked
 until the policy places it (`take_ready`).
 """
@@ -41,6 +42,7 @@ class SimResult:
     snapshot: dict = field(default_factory=dict)
     start_s: dict[str, float] = field(default_factory=dict)  # first admission (prefill start)
     move_prefill_tokens: int = 0  # prompt + generated tokens re-prefilled because of moves
+    boundaries: int = 0  # chunk ends with the sequence unfinished (each one a release and an acquire)
 
     def busy_count_timeline(self) -> tuple[np.ndarray, np.ndarray]:
         """(times, busy replicas from that time on), a step function."""
@@ -129,6 +131,7 @@ class Simulator:
         self._removals: list[tuple[float, str]] = []
         self.start_s: dict[str, float] = {}
         self.move_prefill_tokens = 0
+        self.boundaries = 0
 
     def remove_replica_at(self, time_s: float, replica_id: str) -> None:
         """Schedule a replica failure/scale-down: the policy must re-dispatch its work."""
@@ -167,7 +170,8 @@ class Simulator:
             raise RuntimeError(f"simulation stalled: {missing} requests never finished (policy starved them)")
         makespan = max(self.finish_s.values()) if self.finish_s else 0.0
         return SimResult(makespan, self.moves, self.preemptions, self.finish_s, self.busy,
-                         self.placements, self.policy.snapshot(), self.start_s, self.move_prefill_tokens)
+                         self.placements, self.policy.snapshot(), self.start_s, self.move_prefill_tokens,
+                         self.boundaries)
 
     def _now(self, time_s: float) -> float | None:
         return time_s if self.clock else None
@@ -202,6 +206,7 @@ class Simulator:
             self.policy.release(seq.rid, rep.rid, generated, True, self._now(now))
             self.finish_s[seq.rid] = now
             return
+        self.boundaries += 1
         self.policy.release(seq.rid, rep.rid, generated, False, self._now(now))
         replica = self.policy.acquire(seq.rid, generated, self._now(now))
         if replica == rep.rid:
@@ -221,8 +226,10 @@ class Simulator:
         seq.generated = generated
 
     def _set_target(self, rep: _Replica, seq: _Seq) -> None:
-        to_boundary = (seq.generated // self.chunk_tokens + 1) * self.chunk_tokens - seq.generated
-        seq.target = rep.step + min(seq.length - seq.generated, to_boundary)
+        chunk = self.policy.next_chunk_tokens(seq.rid, self.chunk_tokens)
+        left = seq.length - seq.generated
+        to_boundary = (seq.generated // chunk + 1) * chunk - seq.generated if chunk > 0 else left
+        seq.target = rep.step + min(left, to_boundary)
         heapq.heappush(rep.targets, (seq.target, seq.rid))
 
     def _preempt_if_full(self, rep: _Replica) -> None:

@@ -125,6 +125,7 @@ class TailAwarePolicy(CentralQueuePolicy):
         super().__init__(predictor=predictor, seed=seed,
                          slots_per_replica=slots_per_replica or self.model.max_num_seqs)
         self.config = config or TailAwareConfig()
+        self.moves_sequences = self.config.redispatch
         if not self.config.redispatch:
             self.name = "tail_aware_placement"
         self._inflight: dict[str, _Replica] = {}
@@ -298,6 +299,10 @@ class TailAwarePolicy(CentralQueuePolicy):
         return out
 
     # ---- re-dispatch ----------------------------------------------------------------------
+    def _may_move(self, request_id: str) -> bool:
+        # A sequence that used its moves stays home to the end: its chunks would be pure overhead.
+        return self.moves_sequences and self._moved.get(request_id, 0) < self.config.max_moves_per_request
+
     def _continue(self, request_id: str, home: str) -> str | None:
         cfg = self.config
         if not cfg.redispatch or self._moved.get(request_id, 0) >= cfg.max_moves_per_request or self._queued:

@@ -9,8 +9,10 @@ the same way (prompt + tokens so far), which is what makes a move token-exact: t
 re-prefills prompt + generated tokens; on the same replica the prefix cache makes that ~free.
 
 Per chunk:
-- max_tokens = min(chunk_tokens, what is left of the request's cap); min_tokens shrinks by what
-  was generated; everything else in sampling_params is passed on unchanged;
+- max_tokens = min(the router's chunk for this request, what is left of the request's cap). The
+  router's `acquire_chunk` answers 0 where its policy will never move the sequence (verl_default,
+  or a sequence that used its moves): the rest then runs in one piece, with no boundary overhead.
+  min_tokens shrinks by what was generated; everything else in sampling_params is passed on unchanged;
 - log-probs are concatenated; a chunk ends the sequence when it came back short, when its last
   token is EOS (unless ignore_eos) or one of `stop_token_ids`, or when the cap is reached;
 - the release tells the router `generated_tokens` and `finished`, awaited so that it reaches the
@@ -31,6 +33,7 @@ The chunk size comes from the router (`chunk_tokens` in the router YAML) unless 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import ray
@@ -91,16 +94,19 @@ class ChunkedLLMServerClient(LLMServerClient):
         tokens: list[int] = []
         log_probs: list[float] = []
         output = None
-        chunks, replicas, preempted, cached = 0, [], 0, None
+        chunks, replicas, preempted, cached, acquire_s = 0, [], 0, None, 0.0
         while True:
-            budget = min(chunk, max_tokens - len(tokens))
+            context = prompt_ids + tokens
+            # The router gets the cap, not the rest of the sampling params.
+            acquired_s = time.perf_counter()
+            server_id, server, next_chunk = await self._acquire(request_id, context, max_tokens, chunk)
+            if chunks:
+                acquire_s += time.perf_counter() - acquired_s  # a boundary's round trip (the first may wait for a slot)
+            # The router says whether this sequence may move at its next boundary; the size is ours.
+            budget = min(chunk if next_chunk else max_tokens, max_tokens - len(tokens))
             chunk_params = {**params, "max_tokens": budget}
             if min_tokens > len(tokens):
                 chunk_params["min_tokens"] = min(budget, min_tokens - len(tokens))
-            context = prompt_ids + tokens
-            # The router gets the cap, not the rest of the sampling params.
-            server_id, server = await self._acquire_server(request_id, prompt_ids=context,
-                                                           sampling_params={"max_tokens": max_tokens})
             try:
                 output = await server.generate.remote(request_id=self._vllm_request_id(request_id),
                                                       prompt_ids=context, sampling_params=chunk_params, **kwargs)
@@ -134,10 +140,21 @@ class ChunkedLLMServerClient(LLMServerClient):
 
         global_steps = output.extra_fields.get("global_steps")
         extra = {**output.extra_fields, "num_cached_tokens": cached, "min_global_steps": global_steps,
-                 "max_global_steps": global_steps, "continuation_chunks": chunks, "continuation_replicas": replicas}
+                 "max_global_steps": global_steps, "continuation_chunks": chunks, "continuation_replicas": replicas,
+                 "continuation_boundary_acquire_s": acquire_s}
         return TokenOutput(token_ids=tokens, log_probs=log_probs if output.log_probs is not None else None,
                            routed_experts=output.routed_experts, stop_reason=output.stop_reason,
                            num_preempted=preempted, extra_fields=extra)
+
+    async def _acquire(self, request_id: str, context: list[int], max_tokens: int, chunk: int):
+        """(server id, handle, the router's chunk for this sequence; 0: the rest in one piece)."""
+        fields = {"prompt_ids": context, "sampling_params": {"max_tokens": max_tokens}}
+        # Looked up, not tried: an error raised inside the router's method must not read as "absent".
+        acquire_chunk = getattr(self._load_balancer, "acquire_chunk", None)
+        if acquire_chunk is not None:
+            return await acquire_chunk.remote(request_id=request_id, **fields)
+        server_id, server = await self._acquire_server(request_id, **fields)  # a fixed-chunk router
+        return server_id, server, chunk
 
     async def _release(self, server_id: str, request_id: str, generated_tokens: int, finished: bool) -> None:
         await self._load_balancer.release_server.remote(server_id=server_id, request_id=request_id,

@@ -213,6 +213,14 @@ class TailAwareRouter:
         """Continuation chunk size that ChunkedLLMServerClient asks for (0: generate in one piece)."""
         return self.config.chunk_tokens
 
+    async def acquire_chunk(self, request_id: str, prompt_ids=None, sampling_params=None):
+        """`acquire_server`, plus the tokens to run before the next boundary: `chunk_tokens` where the
+        policy may move the sequence there, 0 (the rest in one piece) where it never will."""
+        server_id, handle = await self.acquire_server(request_id, prompt_ids=prompt_ids,
+                                                      sampling_params=sampling_params)
+        key = self._current[request_id].key
+        return server_id, handle, self.policy.next_chunk_tokens(key, self.config.chunk_tokens)
+
     def end_epoch(self) -> dict:
         """Call after each training step's rollout (patches/verl_epoch_end.py does, in verl jobs):
         the length predictor turns this batch into history. Returns the epochs closed so far and

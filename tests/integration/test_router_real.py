@@ -5,7 +5,8 @@ verl's LLMServerManager, once for the module, and runs:
 1. reference: verl's own LLMServerClient + GlobalRequestLoadBalancer, one piece per request;
 2. forced moves: ChunkedLLMServerClient (8-token chunks) behind `PingPong`, a router written here
    that sends every chunk of a request to the other replica, so each chunk is a move;
-3. sticky chunks: the same client behind TailAwareRouter (verl_default policy): chunks, no moves;
+3. sticky: the same client behind TailAwareRouter (verl_default policy), which never moves a
+   sequence, so its `acquire_chunk` asks for one piece per request;
 4. fault: TailAwareRouter (tail_aware policy); one replica actor is killed with ray.kill while
    its sequences are mid-generation.
 Lengths come from the test-only forced-EOS logits processor (rollout_ext.testing.forced_length);
@@ -181,10 +182,12 @@ def test_continuation_is_token_exact_across_forced_moves(report):
             assert all(a != b for a, b in zip(got["replicas"], got["replicas"][1:]))
 
 
-def test_chunked_without_moves_equals_unchunked(report):
+def test_a_policy_that_never_moves_runs_each_request_in_one_piece(report):
     for ref, got in zip(report["reference"], report["sticky"]):
         _same(got, ref)
-        assert len(set(got["replicas"])) == 1
+        assert got["chunks"] == 1 and len(got["replicas"]) == 1
+    # The control: PingPong (no acquire_chunk, the fixed 8-token chunk) did chunk them.
+    assert any(got["chunks"] > 1 for got in report["pingpong"])
 
 
 def test_killed_replica_loses_and_duplicates_nothing(report):

@@ -15,7 +15,7 @@ def test_sweep_summary_matches_the_rows(repo_root, tmp_path):
     out = tmp_path / "sweep.json"
     proc = _sweep(repo_root, "--prompts", "6", "--samples", "4", "--replicas", "2,3", "--iccs", "0.3",
                   "--caps", "8192", "--seeds", "1", "--verl-seeds", "3", "--step-models", "default,kv_heavy",
-                  "--jobs", "1", "--json", str(out))
+                  "--jobs", "1", "--oracle", "--json", str(out))
     assert proc.returncode in (0, 1), proc.stderr
     data = json.loads(out.read_text())
     rows, summary = data["rows"], data["summary"]
@@ -29,6 +29,9 @@ def test_sweep_summary_matches_the_rows(repo_root, tmp_path):
         assert entry["cells"] == len(cells) == 2
         assert math.isclose(entry["vs_verl_worst"], max(cells))
         assert math.isclose(entry["vs_verl_geo"], math.exp(sum(map(math.log, cells)) / 2))
+    oracle = [r["vs_verl"]["oracle_lpt"] for r in rows]  # --oracle: true-length LPT beside them
+    assert math.isclose(summary["overall"]["oracle_vs_verl_geo"], math.exp(sum(map(math.log, oracle)) / 4))
+    assert "oracle/verl" in proc.stdout
     overall = summary["overall"]
     assert overall["pass"] == (overall["cells_above_1"] == 0 and overall["vs_verl_geo"] <= 0.92)
     assert proc.returncode == (0 if overall["pass"] else 1)
@@ -43,6 +46,7 @@ def test_compare_pairs_cells_with_another_sweep(repo_root, tmp_path):
     same = _sweep(repo_root, *small, "--policy-model", "true", "--no-clock", "--compare", str(first))
     assert "all                3  1.0000  1.0000  1.0000" in same.stdout  # the same runs: exactly 1
     assert "policies given the true step model, no clock" in same.stdout
+    assert "oracle/verl" not in same.stdout  # the control of --oracle: no oracle row unless asked
     off = _sweep(repo_root, *small, "--policy-model", "off", "--prior-error", "2.5", "--compare", str(first))
     assert "(x2.5 alternating), calibrated from the clock" in off.stdout
     assert "tail_aware here / tail_aware in --compare" in off.stdout

@@ -71,6 +71,9 @@ def _scenarios(tmp: Path) -> dict:
         await lb.acquire_server.remote(request_id="a", prompt_ids=[1, 2, 3, 9, 9], sampling_params={})
         out["turn_key"] = await lb.policy_key.remote("a")
         out["cleared"] = (await lb.clear_sticky_cache.remote())["cleared_entries"]
+        # verl_default never moves a sequence: its chunk is the rest, in one piece.
+        out["chunk_verl_default"] = (await lb.acquire_chunk.remote(request_id="c", prompt_ids=[6],
+                                                                   sampling_params={"max_tokens": 16}))[2]
 
         # tail_aware with one slot per replica: the third request waits until a slot frees.
         lb = router("tail_aware", 1)
@@ -100,6 +103,10 @@ def _scenarios(tmp: Path) -> dict:
             out["empty_pool_error"] = str(e.cause) if hasattr(e, "cause") else str(e)
         await lb.add_servers.remote({"s9": Server.remote()})
         out["added"] = await lb.get_all_servers.remote()
+        # tail_aware may move it at the next boundary: the router's chunk.
+        placed, _, chunk = await lb.acquire_chunk.remote(request_id="v", prompt_ids=[3],
+                                                         sampling_params={"max_tokens": 64})
+        out["chunk_tail_aware"] = [placed, chunk]
 
     asyncio.run(run())
     return out
@@ -157,6 +164,11 @@ def test_parked_acquire_waits_for_a_free_slot(report):
 def test_tail_aware_times_chunks_on_the_router_clock(report):
     assert report["fit"]["chunks"] == 1, report["fit"]
     assert "step_model_fit" not in report["status_policy_verl_default"]  # control: a policy without a fit
+
+
+def test_acquire_chunk_gives_chunks_only_where_the_policy_may_move(report):
+    assert report["chunk_tail_aware"] == ["s9", 8]
+    assert report["chunk_verl_default"] == 0  # the control: a policy that never moves
 
 
 def test_removed_replica_hands_back_its_requests(report):
