@@ -130,22 +130,23 @@ class LengthPredictor:
             return 0.0
         group = self._group(request)
         log_w = group.log_prior + group.total - group.own(request.sample_index)
-        log_w = log_w - log_w.max()
-        w = np.exp(log_w)
-        mu = self._mu(request.prompt_len) + group.grid  # (grid,)
-        num = 0.0
-        den = 0.0
-        log_g = math.log(g) if g > 0 else -np.inf
+        w = np.exp(log_w - log_w.max())
+        weight, shift, sd = (np.array(col)[:, None] for col in zip(*self._components()))
+        m = self._mu(request.prompt_len) + group.grid + shift  # (component, grid)
         log_cap = math.log(cap)
-        for weight, shift, sd in self._components():
-            m = mu + shift
-            surv_g = _sf((log_g - m) / sd) if g > 0 else np.ones_like(m)
-            surv_cap = _sf((log_cap - m) / sd)
-            mean_inside = np.exp(m + sd * sd / 2) * (
-                (_sf((log_g - m - sd * sd) / sd) if g > 0 else 1.0) - _sf((log_cap - m - sd * sd) / sd)
-            )
-            num += weight * float(w @ (np.maximum(mean_inside, 0.0) + cap * surv_cap))
-            den += weight * float(w @ surv_g)
+        # One call for every survival term (the per-call cost of numpy dominates on grids this small).
+        # z of L > x is (log x - m) / sd; the partial expectation's is that minus sd.
+        logs = np.array([math.log(g), log_cap] if g > 0 else [log_cap])[:, None, None]
+        z = (logs - m) / sd
+        sf = _sf(np.concatenate((z, z - sd)))
+        if g > 0:
+            surv_g, surv_cap, inside_g, inside_cap = sf
+        else:
+            (surv_cap, inside_cap), surv_g = sf, np.ones_like(m)
+            inside_g = surv_g
+        mean_inside = np.exp(m + sd * sd / 2) * (inside_g - inside_cap)
+        num = float(weight[:, 0] @ ((np.maximum(mean_inside, 0.0) + cap * surv_cap) @ w))
+        den = float(weight[:, 0] @ (surv_g @ w))
         if den <= 1e-300:
             return float(cap - g)  # beyond anything the model expects: assume it runs to the cap
         expected_total = min(float(cap), max(num / den, g + 1.0))

@@ -146,6 +146,43 @@ def test_remaining_is_conditional_on_survival():
     assert math.isfinite(p.remaining_tokens(r, r.max_tokens - 1))
 
 
+def _remaining_by_quadrature(p, r, g, components):
+    """E[min(L, cap) - g | L > g] under the predictor's posterior, integrated numerically over the
+    per-sample noise (exact normal density), not by the closed form and its erfc approximation."""
+    group = p._group(r)
+    log_w = group.log_prior + group.total - group.own(r.sample_index)
+    w = np.exp(log_w - log_w.max())
+    e = np.linspace(-14.0, 14.0, 40001)
+    num = den = 0.0
+    for weight, shift, sd in components:
+        density = np.exp(-0.5 * ((e - shift) / sd) ** 2) / sd
+        for a, wa in zip(group.grid, w):
+            length = np.exp(p._mu(r.prompt_len) + a + e)
+            alive = density * (length > g)
+            num += weight * wa * float(np.sum(alive * np.minimum(length, r.max_tokens)))
+            den += weight * wa * float(np.sum(alive))
+    return num / den - g
+
+
+def test_remaining_matches_numerical_integration():
+    cfg = WorkloadConfig(prompts=16, samples=8, seed=5)
+    w = make_workload(cfg)
+    p = LengthPredictor()
+    warm_history(p, make_workload(cfg, epoch=-1))
+    reqs = requests_of(w)
+    for r, n in list(zip(reqs, w.lengths))[::3]:
+        p.observe(r, int(n), True)  # finished siblings
+    p.observe(reqs[1], 3000, False)  # and a running one
+    for r in reqs[1:3]:
+        for g in (0, 1500, 9000):
+            want = _remaining_by_quadrature(p, r, g, p._components())
+            assert p.remaining_tokens(r, g) == pytest.approx(want, rel=2e-3), (r.request_id, g)
+    # Control: the same integral without the outlier component is far off, so the check can fail.
+    _, shift, sd = p._components()[0]
+    no_outliers = _remaining_by_quadrature(p, reqs[1], 9000, [(1.0, shift, sd)])
+    assert abs(no_outliers / p.remaining_tokens(reqs[1], 9000) - 1) > 0.02
+
+
 def test_calibration_reports_after_finishes():
     cfg = WorkloadConfig(prompts=8, samples=4, seed=4)
     w = make_workload(cfg)
