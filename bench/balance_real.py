@@ -181,6 +181,7 @@ def run_real(a) -> dict:
                 "chunks": sum(o.extra_fields.get("continuation_chunks", 1) for o in outs),
                 # The router round trip at a boundary, as the client saw it (release, then acquire).
                 "boundary_acquire_ms": _per_boundary_ms(outs),
+                "boundary_gap_ms": status["policy"].get("boundary_gap_ms"),  # what the policy saw
                 "wrong_lengths": sum(len(o.token_ids) != j["length"] for j, o in zip(measured, outs)),
                 "predictor": status["policy"].get("predictor"),
             }
@@ -207,6 +208,7 @@ def run_real(a) -> dict:
                 "longest_finish_s": round(float(np.median([r["longest_finish_s"] for r in reps])), 3),
                 "moves": sum(r["moves"] for r in reps), "moved_sequences": sum(r["moved_sequences"] for r in reps),
                 "chunks": reps[-1]["chunks"], "boundary_acquire_ms": [r["boundary_acquire_ms"] for r in reps],
+                "boundary_gap_ms": [r["boundary_gap_ms"] for r in reps],
                 "wrong_lengths": sum(r["wrong_lengths"] for r in reps),
                 "predictor": reps[-1]["predictor"],
             })

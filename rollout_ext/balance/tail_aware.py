@@ -28,6 +28,12 @@ The first term is the number of steps (the longest sequence, or the batch throug
 sum is each sequence's own share of the per-sequence and KV-read cost. It is additive, so adding or
 removing a request is O(1).
 
+Chunk size. A boundary costs the sequence a round trip through the caller and a re-schedule on the
+engine; it buys only the option to move. `next_chunk_tokens` answers 0 (the rest in one piece) once
+a sequence has used its moves, and otherwise stretches the caller's chunk until the release ->
+acquire gap the policy measures on its clock is at most BOUNDARY_SHARE of the chunk's predicted
+decode time on its replica. Without a clock, or in the simulator (no gap), the chunk stays as given.
+
 Re-dispatch. At a chunk boundary, once no fresh work waits, a sequence moves to the replica that
 minimises the pair's predicted makespan, if the gain beats its re-prefill (prompt + generated) by
 `move_margin` of the current finish, at most `max_moves_per_request` times. Its remaining length is
@@ -40,11 +46,18 @@ mean understates it.
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 
 from rollout_ext.balance.calibration import StepModelFit
 from rollout_ext.balance.policy import CentralQueuePolicy
 from rollout_ext.balance.step_model import StepModel
+
+
+# A chunk boundary may cost at most this share of its chunk's decode time: chunks are stretched
+# until it holds. A boundary only buys the option to move, so its cost must stay in the noise.
+BOUNDARY_SHARE = 0.02
+GAP_WINDOW = 64  # boundaries the measured gap averages over
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -140,6 +153,9 @@ class TailAwarePolicy(CentralQueuePolicy):
         # request -> its running chunk: (start s, generated at start, replica's prefilled tokens
         # before it, batch, resident KV)
         self._chunk: dict[str, tuple[float, int, float, int, float]] = {}
+        self._released_s: dict[str, float] = {}  # request -> its last unfinished release, caller's clock
+        self._gap_s = 0.0  # mean release -> acquire gap at boundaries (recent GAP_WINDOW of them)
+        self._gaps = 0
 
     @property
     def model(self) -> StepModel:
@@ -228,6 +244,11 @@ class TailAwarePolicy(CentralQueuePolicy):
     def release(self, request_id: str, replica_id: str, generated_tokens: int, finished: bool,
                 now_s: float | None = None) -> None:
         chunk = self._chunk.get(request_id)
+        if now_s is not None and self.where.get(request_id) == replica_id:
+            if finished:
+                self._released_s.pop(request_id, None)
+            else:
+                self._released_s[request_id] = now_s
         if chunk is not None and now_s is not None and self.where.get(request_id) == replica_id:
             start_s, start_tokens, prefilled0, batch0, kv0 = chunk
             rep = self._inflight[replica_id]
@@ -296,7 +317,28 @@ class TailAwarePolicy(CentralQueuePolicy):
     def snapshot(self) -> dict:
         out = super().snapshot()
         out["step_model_fit"] = {"chunks": self.fit.chunks, **self.fit.ratios()}
+        out["boundary_gap_ms"] = round(1e3 * self._gap_s, 3)
         return out
+
+    # ---- chunk size -----------------------------------------------------------------------
+    def acquire(self, request_id: str, generated_tokens: int, now_s: float | None = None) -> str | None:
+        released_s = self._released_s.pop(request_id, None)
+        if released_s is not None and now_s is not None:
+            # The caller's release -> acquire gap: the part of a boundary's cost the policy can see.
+            self._gaps += 1
+            self._gap_s += (max(0.0, now_s - released_s) - self._gap_s) / min(self._gaps, GAP_WINDOW)
+        return super().acquire(request_id, generated_tokens, now_s)
+
+    def next_chunk_tokens(self, request_id: str, chunk_tokens: int) -> int:
+        """`chunk_tokens`, or more where a boundary would cost over BOUNDARY_SHARE of the chunk's decode
+        time on its replica (the measured gap over the fitted step time); 0 once it cannot move."""
+        if chunk_tokens <= 0 or not self._may_move(request_id):
+            return 0
+        home = self.where.get(request_id)
+        if home is None or self._gap_s <= 0:
+            return chunk_tokens
+        step_s = self.model.step_s(len(self.replicas[home]), self._inflight[home].resident)
+        return max(chunk_tokens, math.ceil(self._gap_s / (BOUNDARY_SHARE * step_s)))
 
     # ---- re-dispatch ----------------------------------------------------------------------
     def _may_move(self, request_id: str) -> bool:

@@ -102,8 +102,8 @@ class ChunkedLLMServerClient(LLMServerClient):
             server_id, server, next_chunk = await self._acquire(request_id, context, max_tokens, chunk)
             if chunks:
                 acquire_s += time.perf_counter() - acquired_s  # a boundary's round trip (the first may wait for a slot)
-            # The router says whether this sequence may move at its next boundary; the size is ours.
-            budget = min(chunk if next_chunk else max_tokens, max_tokens - len(tokens))
+            # 0: the policy will not move it again. Otherwise our chunk, or more if the router asks.
+            budget = min(max(chunk, next_chunk) if next_chunk else max_tokens, max_tokens - len(tokens))
             chunk_params = {**params, "max_tokens": budget}
             if min_tokens > len(tokens):
                 chunk_params["min_tokens"] = min(budget, min_tokens - len(tokens))

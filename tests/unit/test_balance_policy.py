@@ -1,5 +1,7 @@
 """Policy invariants under the simulator: placement, loads, no starvation, determinism, removal."""
 
+import math
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -7,7 +9,7 @@ from rollout_ext.balance.policy import OracleLPTPolicy, RoundRobinPolicy, VerlDe
 from rollout_ext.balance.predictor import LengthPredictor, OraclePredictor
 from rollout_ext.balance.simulator import Simulator, simulate
 from rollout_ext.balance.step_model import StepModel, lower_bound_s
-from rollout_ext.balance.tail_aware import TailAwareConfig, TailAwarePolicy
+from rollout_ext.balance.tail_aware import BOUNDARY_SHARE, TailAwareConfig, TailAwarePolicy
 from rollout_ext.balance.workload import WorkloadConfig, make_workload
 
 NAMES = ["round_robin", "verl_default", "oracle_lpt", "tail_aware_placement", "tail_aware"]
@@ -254,3 +256,27 @@ def test_chunks_only_while_the_policy_may_move_the_sequence(max_moves, boundarie
     # A sequence that used its moves runs to its end in one piece; with a move left it keeps chunking
     # (the control: the check above can fail).
     assert (_boundaries_after_a_move(mover.log) > 0) == boundaries_after_move
+
+
+@pytest.mark.parametrize("gap_s, stretched", [(0.0, False), (0.5, True)])
+def test_tail_aware_stretches_chunks_when_boundaries_are_slow(gap_s, stretched):
+    from rollout_ext.balance.request import Request
+
+    model = StepModel()
+    policy = TailAwarePolicy(predictor=LengthPredictor(), model=model, slots_per_replica=4)
+    policy.add_replica("a")
+    policy.submit(Request("q", "g", 0, 100, 20_000))
+    assert policy.acquire("q", 0, now_s=0.0) is None and policy.take_ready() == [("q", "a")]
+    now = 0.0
+    for k in range(1, 5):  # chunks of 64 tokens, each boundary gap_s long on the caller's clock
+        now += 64 * model.step_s(1, 100)
+        policy.release("q", "a", 64 * k, False, now_s=now)
+        now += gap_s
+        assert policy.acquire("q", 64 * k, now_s=now) == "a"
+    chunk = policy.next_chunk_tokens("q", 64)
+    step_s = policy.model.step_s(1, policy._inflight["a"].resident)
+    assert policy.snapshot()["boundary_gap_ms"] == pytest.approx(1e3 * gap_s)
+    if stretched:  # 0.5 s per boundary is 2% of ~3100 tokens at ~8 ms each
+        assert chunk == math.ceil(gap_s / (BOUNDARY_SHARE * step_s)) > 64
+    else:  # the control: no gap, the caller's chunk
+        assert chunk == 64
