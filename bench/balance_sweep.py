@@ -120,7 +120,7 @@ def run_cell(cell: dict) -> dict:
     verl = [run("verl_default", seed).makespan_s for seed in range(cell["verl_seeds"])]
     makespan = {"verl_default": statistics.fmean(verl)}
     moves = {}
-    for name in POLICIES + (("oracle_lpt",) if cell.get("oracle") else ()):
+    for name in POLICIES + (("oracle_lpt",) if cell["oracle"] else ()):
         res = run(name, 0)
         makespan[name], moves[name] = res.makespan_s, res.moves
     return {**cell, "t_star_s": t_star, "t_dl_s": t_dl, "makespan_s": makespan, "verl_default_runs_s": verl,

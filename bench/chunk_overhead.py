@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-KV_CACHE_BYTES = 256 * 2**20
+from rollout_ext.verl.server_env import CPU_KV_CACHE_BYTES  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -67,7 +67,7 @@ def measure(a) -> dict:
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=a.model, dtype="float32", enforce_eager=True, skip_tokenizer_init=True, seed=0,
-              enable_prefix_caching=True, kv_cache_memory_bytes=KV_CACHE_BYTES,
+              enable_prefix_caching=True, kv_cache_memory_bytes=CPU_KV_CACHE_BYTES,
               max_model_len=max(a.context_list) + a.decode_tokens + 16)
     rng = random.Random(0)
 

@@ -42,7 +42,6 @@ from rollout_ext.balance.request import Request
 
 class Policy:
     name = "base"
-    moves_sequences = False  # whether it may send a continuation elsewhere than its home replica
 
     def __init__(self, *, predictor=None, slots_per_replica: int = 256, seed: int = 0) -> None:
         if slots_per_replica < 1:
@@ -133,7 +132,8 @@ class Policy:
         return chunk_tokens if self._may_move(request_id) else 0
 
     def _may_move(self, request_id: str) -> bool:
-        return self.moves_sequences
+        """Whether the policy may send this sequence's next chunk elsewhere than its home replica."""
+        return False
 
     def snapshot(self) -> dict:
         out = {

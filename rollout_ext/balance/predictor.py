@@ -131,7 +131,8 @@ class LengthPredictor:
         group = self._group(request)
         log_w = group.log_prior + group.total - group.own(request.sample_index)
         w = np.exp(log_w - log_w.max())
-        weight, shift, sd = (np.array(col)[:, None] for col in zip(*self._components()))
+        weight, shift, sd = map(np.array, zip(*self._components()))
+        shift, sd = shift[:, None], sd[:, None]
         m = self._mu(request.prompt_len) + group.grid + shift  # (component, grid)
         log_cap = math.log(cap)
         # One call for every survival term (the per-call cost of numpy dominates on grids this small).
@@ -142,11 +143,11 @@ class LengthPredictor:
         if g > 0:
             surv_g, surv_cap, inside_g, inside_cap = sf
         else:
-            (surv_cap, inside_cap), surv_g = sf, np.ones_like(m)
-            inside_g = surv_g
+            surv_cap, inside_cap = sf
+            surv_g = inside_g = np.ones_like(m)
         mean_inside = np.exp(m + sd * sd / 2) * (inside_g - inside_cap)
-        num = float(weight[:, 0] @ ((np.maximum(mean_inside, 0.0) + cap * surv_cap) @ w))
-        den = float(weight[:, 0] @ (surv_g @ w))
+        num = float(weight @ ((np.maximum(mean_inside, 0.0) + cap * surv_cap) @ w))
+        den = float(weight @ (surv_g @ w))
         if den <= 1e-300:
             return float(cap - g)  # beyond anything the model expects: assume it runs to the cap
         expected_total = min(float(cap), max(num / den, g + 1.0))

@@ -138,7 +138,6 @@ class TailAwarePolicy(CentralQueuePolicy):
         super().__init__(predictor=predictor, seed=seed,
                          slots_per_replica=slots_per_replica or self.model.max_num_seqs)
         self.config = config or TailAwareConfig()
-        self.moves_sequences = self.config.redispatch
         if not self.config.redispatch:
             self.name = "tail_aware_placement"
         self._inflight: dict[str, _Replica] = {}
@@ -244,12 +243,12 @@ class TailAwarePolicy(CentralQueuePolicy):
     def release(self, request_id: str, replica_id: str, generated_tokens: int, finished: bool,
                 now_s: float | None = None) -> None:
         chunk = self._chunk.get(request_id)
-        if now_s is not None and self.where.get(request_id) == replica_id:
-            if finished:
-                self._released_s.pop(request_id, None)
-            else:
-                self._released_s[request_id] = now_s
-        if chunk is not None and now_s is not None and self.where.get(request_id) == replica_id:
+        timed = now_s is not None and self.where.get(request_id) == replica_id
+        if timed and finished:
+            self._released_s.pop(request_id, None)
+        elif timed:
+            self._released_s[request_id] = now_s
+        if chunk is not None and timed:
             start_s, start_tokens, prefilled0, batch0, kv0 = chunk
             rep = self._inflight[replica_id]
             prefill = rep.prefilled - prefilled0  # its own, and every admission during the chunk
@@ -332,10 +331,9 @@ class TailAwarePolicy(CentralQueuePolicy):
     def next_chunk_tokens(self, request_id: str, chunk_tokens: int) -> int:
         """`chunk_tokens`, or more where a boundary would cost over BOUNDARY_SHARE of the chunk's decode
         time on its replica (the measured gap over the fitted step time); 0 once it cannot move."""
-        if chunk_tokens <= 0 or not self._may_move(request_id):
-            return 0
+        chunk_tokens = super().next_chunk_tokens(request_id, chunk_tokens)
         home = self.where.get(request_id)
-        if home is None or self._gap_s <= 0:
+        if chunk_tokens <= 0 or home is None or self._gap_s <= 0:
             return chunk_tokens
         step_s = self.model.step_s(len(self.replicas[home]), self._inflight[home].resident)
         return max(chunk_tokens, math.ceil(self._gap_s / (BOUNDARY_SHARE * step_s)))
@@ -343,12 +341,12 @@ class TailAwarePolicy(CentralQueuePolicy):
     # ---- re-dispatch ----------------------------------------------------------------------
     def _may_move(self, request_id: str) -> bool:
         # A sequence that used its moves stays home to the end: its chunks would be pure overhead.
-        return self.moves_sequences and self._moved.get(request_id, 0) < self.config.max_moves_per_request
+        return self.config.redispatch and self._moved.get(request_id, 0) < self.config.max_moves_per_request
 
     def _continue(self, request_id: str, home: str) -> str | None:
-        cfg = self.config
-        if not cfg.redispatch or self._moved.get(request_id, 0) >= cfg.max_moves_per_request or self._queued:
+        if self._queued or not self._may_move(request_id):
             return home
+        cfg = self.config
         req = self.requests[request_id]
         ctx = req.prompt_len + self.generated[request_id]
         rem = min(float(req.max_tokens - self.generated[request_id]), cfg.move_rem_factor * self.remaining(request_id))

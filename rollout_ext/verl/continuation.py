@@ -54,6 +54,9 @@ class ChunkedLLMServerClient(LLMServerClient):
         self._chunk_tokens = chunk_tokens
         self._eos_token_ids = None if eos_token_ids is None else set(eos_token_ids)
         self.replaced_replicas: list[str] = []  # replicas this client found dead and removed
+        # The router's acquire_chunk, None for a fixed-chunk router. Looked up, not tried: an error
+        # raised inside the router's method must not read as "absent".
+        self._acquire_chunk = getattr(self._load_balancer, "acquire_chunk", None)
 
     async def chunk_tokens(self) -> int:
         if self._chunk_tokens is None:
@@ -149,10 +152,8 @@ class ChunkedLLMServerClient(LLMServerClient):
     async def _acquire(self, request_id: str, context: list[int], max_tokens: int, chunk: int):
         """(server id, handle, the router's chunk for this sequence; 0: the rest in one piece)."""
         fields = {"prompt_ids": context, "sampling_params": {"max_tokens": max_tokens}}
-        # Looked up, not tried: an error raised inside the router's method must not read as "absent".
-        acquire_chunk = getattr(self._load_balancer, "acquire_chunk", None)
-        if acquire_chunk is not None:
-            return await acquire_chunk.remote(request_id=request_id, **fields)
+        if self._acquire_chunk is not None:
+            return await self._acquire_chunk.remote(request_id=request_id, **fields)
         server_id, server = await self._acquire_server(request_id, **fields)  # a fixed-chunk router
         return server_id, server, chunk
 

@@ -127,6 +127,11 @@ class TailAwareRouter:
         return ["request_id"]
 
     async def acquire_server(self, request_id: str, prompt_ids=None, sampling_params=None, **_unused):
+        turn = await self._place_turn(request_id, prompt_ids, sampling_params)
+        return turn.server, self._handles[turn.server]
+
+    async def _place_turn(self, request_id: str, prompt_ids, sampling_params) -> _Turn:
+        """Submit or continue the turn, wait until the policy places it, and mark it running there."""
         turn = self._turn_for(request_id, prompt_ids, sampling_params)
         generated = max(0, len(prompt_ids) - turn.prompt_len) if prompt_ids is not None else turn.generated
         if turn.server is not None:
@@ -149,7 +154,7 @@ class TailAwareRouter:
         turn.server, turn.generated = server_id, generated
         self._acquires += 1
         self._inflight[server_id] += 1
-        return server_id, self._handles[server_id]
+        return turn
 
     def release_server(self, server_id: str, request_id: str | None = None,
                        generated_tokens: int | None = None, finished: bool | None = None) -> None:
@@ -216,10 +221,8 @@ class TailAwareRouter:
     async def acquire_chunk(self, request_id: str, prompt_ids=None, sampling_params=None):
         """`acquire_server`, plus the tokens to run before the next boundary: `chunk_tokens` where the
         policy may move the sequence there, 0 (the rest in one piece) where it never will."""
-        server_id, handle = await self.acquire_server(request_id, prompt_ids=prompt_ids,
-                                                      sampling_params=sampling_params)
-        key = self._current[request_id].key
-        return server_id, handle, self.policy.next_chunk_tokens(key, self.config.chunk_tokens)
+        turn = await self._place_turn(request_id, prompt_ids, sampling_params)
+        return turn.server, self._handles[turn.server], self.policy.next_chunk_tokens(turn.key, self.config.chunk_tokens)
 
     def end_epoch(self) -> dict:
         """Call after each training step's rollout (patches/verl_epoch_end.py does, in verl jobs):
