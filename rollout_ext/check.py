@@ -2,13 +2,15 @@
 
 Runs real vLLM in fresh processes — once with every module off, then once per variant — with the
 same token-id prompts, and compares tokens and the chosen tokens' log-probs. Use it on a new model
-shape before a long job; exit status 0 means every variant was token-identical.
+shape before a long job; exit status 0 means every variant's modules were active in every process
+that loaded the plugin (its status line says so), and its output was token-identical.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -43,6 +45,16 @@ def variant_env(name: str) -> dict[str, str]:
         if module not in modules.BY_NAME:
             raise ValueError(f"--variant {name!r}: unknown module {module!r}; known: {', '.join(modules.NAMES)}")
     return modules.switches_on(names)
+
+
+# The plugin's status line, one per process that loaded it (rollout_ext.plugin.status_line).
+STATUS = re.compile(r"rollout_ext \S+: device=.*? active=\[(?P<modules>[^\]]*)\][^(]* \(pid \d+, (?P<proc>[^)]+)\)")
+
+
+def not_bound(log: str, wanted: list[str]) -> list[str]:
+    """The wanted modules that some process did not list as active (all of them if none reported)."""
+    lines = [m.group("modules").split(",") for m in STATUS.finditer(log)]
+    return [name for name in wanted if not lines or any(name not in active for active in lines)]
 
 
 def compare(on, off) -> dict:
@@ -80,11 +92,16 @@ def run_check(args) -> int:
     off = run_greedy(spec, OFF_ENV)
     failed = []
     for name, env in variants.items():
-        result = compare(run_greedy(spec, env), off)
-        print(f"{name}: {'IDENTICAL' if result['identical'] else 'DIFFERENT'} {json.dumps(result)}")
-        if not result["identical"]:
+        on = run_greedy(spec, env)
+        result = {**compare(on, off), "not_bound": not_bound(on.log, name.split("+"))}
+        verdict = "IDENTICAL" if result["identical"] else "DIFFERENT"
+        if result["not_bound"]:
+            # Equal output proves nothing about a module that never hooked the code that ran.
+            verdict = f"NOT BOUND ({','.join(result['not_bound'])})"
+        print(f"{name}: {verdict} {json.dumps(result)}")
+        if verdict != "IDENTICAL":
             failed.append(name)
-    print(f"check: {len(variants) - len(failed)}/{len(variants)} variants token-identical to all-off")
+    print(f"check: {len(variants) - len(failed)}/{len(variants)} variants bound and token-identical to all-off")
     return 1 if failed else 0
 
 

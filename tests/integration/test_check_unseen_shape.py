@@ -33,7 +33,7 @@ def test_check_cli_tp2_identical(odd_model, engine_cache_env):
                           env={"PATH": "/usr/bin:/bin", **engine_cache_env})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "rope_cache+flashcomm: IDENTICAL" in proc.stdout and "mlp_only_tp+mc2: IDENTICAL" in proc.stdout
-    assert "2/2 variants token-identical" in proc.stdout
+    assert "2/2 variants bound and token-identical" in proc.stdout
 
 
 def test_check_cli_rejects_bad_input_before_any_engine(odd_model):

@@ -4,7 +4,9 @@ workers' log proves that steps really ran token-sharded (reduce-scatter instead 
 FLASHCOMM_MIN_TOKENS=1 so every step is sharded, decode included: the batches of 1-4 decode
 tokens and the 64-token prefill chunks cover token counts that TP=2 does not divide (padding).
 In compiled mode a sharded step runs the model eagerly by design (see patches/flashcomm.py), so
-the compiled case compares an eager sharded forward against vLLM's compiled graph.
+the compiled case compares an eager sharded forward against vLLM's compiled graph. Eager TP=2 on a
+qwen2 shape is test_check_unseen_shape's rope_cache+flashcomm variant (bound in every process,
+token-identical), so this file runs the compiled llama case only.
 """
 
 from __future__ import annotations
@@ -28,10 +30,9 @@ def sharded_steps(log: str) -> list[tuple[int, int, int, int]]:
     return [tuple(int(g) for g in m.groups()) for m in STEPS.finditer(log)]
 
 
-@pytest.mark.parametrize("arch,eager", [("qwen2", True), ("llama", False)], ids=["qwen2-eager", "llama-compiled"])
-def test_flashcomm_tp2_matches_baseline(arch, eager, greedy_run, baseline):
-    result = greedy_run(arch, 2, eager, ENV)
-    reference = baseline(arch, 2, eager)
+def test_flashcomm_tp2_matches_baseline(greedy_run, baseline):
+    result = greedy_run("llama", 2, False, ENV)
+    reference = baseline("llama", 2, False)
     assert_equivalent(result, reference, atol=ATOL)
     assert "active=[flashcomm]" in result.log
     steps = sharded_steps(result.log)
