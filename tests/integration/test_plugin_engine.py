@@ -19,7 +19,7 @@ def plugin_lines(log: str) -> list[dict]:
     return [m.groupdict() for m in LINE.finditer(log)]
 
 
-def test_tp2_eager_plugin_in_every_process_and_output_unchanged(greedy_run, baseline):
+def test_tp2_eager_plugin_in_every_process_and_output_unchanged(greedy_run):
     # The deployed layout: EngineCore in its own process, as verl's servers and `vllm serve` run it.
     with_plugin = greedy_run("qwen2", 2, True, OFF_ENV, in_process=False)
     lines = plugin_lines(with_plugin.log)
@@ -28,11 +28,11 @@ def test_tp2_eager_plugin_in_every_process_and_output_unchanged(greedy_run, base
     # One line per process: the plugin is idempotent however often vLLM loads it.
     pids = [line["pid"] for line in lines]
     assert len(pids) == len(set(pids))
+    # Without the plugin, and in the in-process layout that every module's equivalence test uses:
+    # neither the plugin nor the process layout changes a token or a log-prob.
     without = greedy_run("qwen2", 2, True, VANILLA)
     assert plugin_lines(without.log) == []
     assert_equivalent(with_plugin, without, atol=0.0)
-    # The process layout changes nothing either: the in-process baseline every module is compared with.
-    assert_equivalent(baseline("qwen2", 2, True), with_plugin, atol=0.0)
 
 
 def test_tp1_compiled_default_modules_output_unchanged(greedy_run):
