@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.balance_real import FIRST_PROMPT_TOKEN, make_jobs, parse_args, sampling_params  # noqa: E402
+from bench.balance_real import FIRST_PROMPT_TOKEN, make_jobs, paired_ratios, parse_args, sampling_params  # noqa: E402
 
 
 def test_defaults_fit_the_two_core_machine():
@@ -38,3 +38,15 @@ def test_true_length_travels_only_in_extra_args():
     params = sampling_params(job, a.cap)
     assert params["max_tokens"] == a.cap
     assert params["extra_args"]["eos_at_total"] == len(job["prompt_ids"]) + job["length"]
+
+
+def test_paired_ratios_pair_repeats_not_medians():
+    # A slow spell in repeat 2 slows both rows: paired, the row is 10% slower every time, with no spread.
+    # Control: the same runs paired with the wrong repeats spread from 0.41 to 2.93.
+    base = [4.0, 8.0, 3.0]
+    row = [4.4, 8.8, 3.3]
+    out = paired_ratios(row, base)
+    assert out == {"paired_ratio_median": 1.1, "paired_ratio_range": [1.1, 1.1]}
+    assert paired_ratios([4.4, 3.3, 8.8], base)["paired_ratio_range"] == [0.412, 2.933]
+    with pytest.raises(ValueError):
+        paired_ratios([1.0], base)  # every row has one run per repeat
