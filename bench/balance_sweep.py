@@ -80,6 +80,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="step model the policies are given: the project default, the cell's own, or it off")
     p.add_argument("--prior-error", type=float, default=2.5, help="with --policy-model off: the factor")
     p.add_argument("--no-clock", action="store_true", help="the simulator passes no time (no calibration)")
+    p.add_argument("--round-trip-ms", type=float, default=0.0,
+                   help="caller round trip before dispatched work reaches a replica (simulator.py: round_trip_s)")
     p.add_argument("--compare", default=None, help="another sweep's JSON: tail_aware here over tail_aware there")
     p.add_argument("--target", type=float, default=0.92, help="required geometric mean of tail_aware / verl_default")
     p.add_argument("--oracle", action="store_true",
@@ -93,6 +95,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     a.cap_list = _list("--caps", a.caps, int, lambda v: v > a.mean_len, f"integers > --mean-len ({a.mean_len})")
     if a.prior_error <= 0:
         raise SystemExit(f"error: --prior-error={a.prior_error}; allowed: a number > 0")
+    if not a.round_trip_ms >= 0:
+        raise SystemExit(f"error: --round-trip-ms={a.round_trip_ms}; allowed: a number >= 0")
     for name in ("prompts", "samples", "seeds", "verl_seeds", "chunk_tokens", "jobs"):
         if getattr(a, name) < 1:
             raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(a, name)}; allowed: integers >= 1")
@@ -115,7 +119,7 @@ def run_cell(cell: dict) -> dict:
     def run(name: str, seed: int):
         policy = make_policy(name, workload, previous, policy_model, seed)
         return simulate(workload, policy, replicas, model=model, chunk_tokens=cell["chunk_tokens"],
-                        clock=cell["clock"])
+                        clock=cell["clock"], round_trip_s=cell.get("round_trip_ms", 0.0) * 1e-3)
 
     verl = [run("verl_default", seed).makespan_s for seed in range(cell["verl_seeds"])]
     makespan = {"verl_default": statistics.fmean(verl)}
@@ -201,13 +205,14 @@ def main(argv=None) -> int:
     cells = [{"step_model": m, "replicas": r, "icc": icc, "cap_tokens": cap, "seed": a.seed + k,
               "prompts": a.prompts, "samples": a.samples, "mean_len": a.mean_len, "chunk_tokens": a.chunk_tokens,
               "verl_seeds": a.verl_seeds, "policy_model": a.policy_model, "prior_error": a.prior_error,
-              "clock": not a.no_clock, "oracle": a.oracle}
+              "clock": not a.no_clock, "oracle": a.oracle, "round_trip_ms": a.round_trip_ms}
              for m in a.model_list for r in a.replica_list for icc in a.icc_list for cap in a.cap_list
              for k in range(a.seeds)]
     print(f"{len(cells)} cells: {a.prompts}x{a.samples} prompts, mean {a.mean_len:.0f}, chunk {a.chunk_tokens}, "
           f"verl_default over {a.verl_seeds} seeds, policies given the {a.policy_model} step model"
           + (f" (x{a.prior_error} alternating)" if a.policy_model == "off" else "")
-          + (", no clock" if a.no_clock else ", calibrated from the clock") + f", {a.jobs} jobs")
+          + (", no clock" if a.no_clock else ", calibrated from the clock")
+          + (f", {a.round_trip_ms:g} ms round trip per dispatch" if a.round_trip_ms else "") + f", {a.jobs} jobs")
     print(f"{'#':>3} {'step model':<14} {'R':>4} {'icc':>5} {'cap':>6} {'seed':>4}  {'verl±spread':>12} "
           f"{'TAplace/verl':>12} {'TA/verl':>8} {'TA/T*dl':>8} {'moves':>6}  wall")
     rows, started = [], time.perf_counter()

@@ -15,6 +15,14 @@ it and acquires again (like the chunked-continuation router), if the policy may 
 (`policy.next_chunk_tokens`); otherwise it runs to its end in one piece. If the policy answers another
 replica, the sequence moves there and pays a re-prefill; if it answers None, it is parked
 until the policy places it (`take_ready`).
+
+Round trip (`round_trip_s`, default 0): on real replicas work reaches an engine only after the
+caller hears the policy's answer and sends it (acquire, then the generate call). With
+round_trip_s > 0, every dispatch arrives at its replica's queue that long after the policy placed
+it: a fresh request, a parked one placed by `take_ready`, a moved chunk, and a chunk that stays
+home, which leaves its batch at the boundary and rejoins at the back of the replica's queue
+(prefix cache: no prefill), as a new request does in vLLM. Work that waits in an engine's own
+queue starts with no round trip; work parked in the policy pays one after its slot frees.
 """
 
 from __future__ import annotations
@@ -105,9 +113,14 @@ class _Replica:
 
 class Simulator:
     def __init__(self, workload: Workload, policy, replicas: int, *, model: StepModel | None = None,
-                 chunk_tokens: int = 2048, kv_watermark: float = 0.01, clock: bool = True) -> None:
+                 chunk_tokens: int = 2048, kv_watermark: float = 0.01, clock: bool = True,
+                 round_trip_s: float = 0.0) -> None:
         if replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {replicas}")
+        if not round_trip_s >= 0:
+            raise ValueError(f"round_trip_s must be >= 0 seconds, got {round_trip_s}")
+        self.round_trip_s = round_trip_s
+        self._arriving: dict[tuple[float, str], list[str]] = {}  # (arrival s, replica) -> request ids
         if chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
         self.workload = workload
@@ -149,7 +162,7 @@ class Simulator:
         for rid in w.request_ids:
             replica = self.policy.acquire(rid, 0, self._now(0.0))
             if replica is not None:
-                self._dispatch(rid, replica, touched)
+                self._dispatch(rid, replica, touched, 0.0)
         self._drain_ready(0.0, None, touched)
         for time_s, replica_id in self._removals:
             heapq.heappush(self._events, (time_s, next(self._tiebreak), "remove", replica_id, 0))
@@ -159,6 +172,9 @@ class Simulator:
             now, _, kind, replica_id, version = heapq.heappop(self._events)
             if kind == "remove":
                 self._remove(replica_id, now)
+                continue
+            if kind == "arrive":
+                self._arrive(replica_id, now)
                 continue
             rep = self.reps[replica_id]
             if not rep.alive or version != rep.version:
@@ -209,16 +225,20 @@ class Simulator:
         self.boundaries += 1
         self.policy.release(seq.rid, rep.rid, generated, False, self._now(now))
         replica = self.policy.acquire(seq.rid, generated, self._now(now))
-        if replica == rep.rid:
+        if replica == rep.rid and self.round_trip_s == 0:
             seq.generated, seq.join_step = generated, rep.step
             self._set_target(rep, seq)
             return
         self._leave(rep, seq, generated)
+        if replica == rep.rid:
+            seq.prefill = 0  # back to its own replica after the round trip: a prefix-cache hit
+            self._dispatch(seq.rid, replica, touched, now)
+            return
         seq.prefill = seq.prompt + generated  # the prefix cache of the old replica is lost
         if replica is not None:
             self.moves += 1
             self.move_prefill_tokens += seq.prefill
-            self._dispatch(seq.rid, replica, touched)
+            self._dispatch(seq.rid, replica, touched, now)
 
     def _leave(self, rep: _Replica, seq: _Seq, generated: int) -> None:
         del rep.running[seq.rid]
@@ -292,11 +312,26 @@ class Simulator:
         time_s = rep.time_s + self.model.steps_s(len(rep.running), rep.kv, step - rep.step)
         heapq.heappush(self._events, (time_s, next(self._tiebreak), "step", rep.rid, rep.version))
 
-    def _dispatch(self, rid: str, replica_id: str, touched: set) -> None:
-        rep = self.reps[replica_id]
-        rep.waiting.append(self.seqs[rid])
+    def _dispatch(self, rid: str, replica_id: str, touched: set, now: float) -> None:
         self.placements += 1
+        if self.round_trip_s > 0:
+            # Dispatches of one instant to one replica arrive together, as one admission.
+            key = (now + self.round_trip_s, replica_id)
+            if key not in self._arriving:
+                self._arriving[key] = []
+                heapq.heappush(self._events, (key[0], next(self._tiebreak), "arrive", replica_id, 0))
+            self._arriving[key].append(rid)
+            return
+        self.reps[replica_id].waiting.append(self.seqs[rid])
         touched.add(replica_id)
+
+    def _arrive(self, replica_id: str, now: float) -> None:
+        rids = self._arriving.pop((now, replica_id))
+        rep = self.reps[replica_id]
+        if not rep.alive:
+            return  # the replica died meanwhile: the policy handed these back, and they were re-dispatched
+        rep.waiting.extend(self.seqs[rid] for rid in rids)
+        self._wake({replica_id}, now, None)
 
     def _wake(self, touched: set, now: float, current: _Replica | None) -> None:
         """Replicas that got work: an idle one starts now; a busy one admits after its step."""
@@ -316,7 +351,7 @@ class Simulator:
     def _drain_ready(self, now: float, current: _Replica | None, touched: set | None = None) -> None:
         touched = set() if touched is None else touched
         for rid, replica_id in self.policy.take_ready():
-            self._dispatch(rid, replica_id, touched)
+            self._dispatch(rid, replica_id, touched, now)
         self._wake(touched, now, current)
 
     def _remove(self, replica_id: str, now: float) -> None:
@@ -340,9 +375,11 @@ class Simulator:
             rep.busy_since = None
         touched: set = set()
         for rid in self.policy.remove_replica(replica_id):
-            replica = self.policy.acquire(rid, self.seqs[rid].generated, self._now(now))
+            seq = self.seqs[rid]
+            seq.prefill = seq.prompt + seq.generated  # also one still on its way there
+            replica = self.policy.acquire(rid, seq.generated, self._now(now))
             if replica is not None:
-                self._dispatch(rid, replica, touched)
+                self._dispatch(rid, replica, touched, now)
         self._drain_ready(now, None, touched)
 
 

@@ -280,3 +280,43 @@ def test_tail_aware_stretches_chunks_when_boundaries_are_slow(gap_s, stretched):
         assert chunk == math.ceil(gap_s / (BOUNDARY_SHARE * step_s)) > 64
     else:  # the control: no gap, the caller's chunk
         assert chunk == 64
+
+
+def _equal_lengths(n: int, length: int):
+    import dataclasses
+
+    import numpy as np
+
+    w = make_workload(WorkloadConfig(prompts=n, samples=1, mean_tokens=length, cap_tokens=4 * length, seed=2))
+    return dataclasses.replace(w, lengths=np.full(n, length), prompt_tokens=np.full(n, 32))
+
+
+@pytest.mark.parametrize("round_trip_s", [0.05, 0.3])
+def test_round_trip_delays_each_dispatch_once(round_trip_s):
+    """8 equal sequences, one replica with 2 slots. Policy queued in the engine (verl_default): one
+    round trip at the start. Parked in the policy (oracle_lpt): one per admission wave (4). Chunked
+    (tail_aware, 25-token chunks of 100): one per chunk, each boundary rejoining the engine's queue."""
+    w = _equal_lengths(8, 100)
+    model = StepModel(max_num_seqs=2, kv_capacity_tokens=40_000)
+    true = dict(zip(w.request_ids, map(int, w.lengths)))
+    policies = {
+        "verl_default": (lambda: VerlDefaultPolicy(), 1),
+        "oracle_lpt": (lambda: OracleLPTPolicy(predictor=OraclePredictor(true), slots_per_replica=2), 4),
+        "tail_aware": (lambda: TailAwarePolicy(predictor=OraclePredictor(true), model=model), 4 * 4),
+    }
+    for name, (make_policy, trips) in policies.items():
+        base = simulate(w, make_policy(), 1, model=model, chunk_tokens=25).makespan_s
+        slow = simulate(w, make_policy(), 1, model=model, chunk_tokens=25, round_trip_s=round_trip_s).makespan_s
+        assert slow - base == pytest.approx(trips * round_trip_s, rel=1e-9), name
+
+
+def test_round_trip_keeps_every_request_through_a_removal():
+    w = make_workload(WorkloadConfig(prompts=10, samples=4, mean_tokens=600, cap_tokens=2048, seed=1))
+    for name in NAMES:
+        policy = CheckedPolicy(make(name, w))
+        sim = Simulator(w, policy, 3, model=SMALL_MODEL, chunk_tokens=256, round_trip_s=0.02)
+        sim.remove_replica_at(0.5, "r0")
+        res = sim.run()
+        assert sorted(res.finish_s) == sorted(w.request_ids), name
+    with pytest.raises(ValueError, match="round_trip_s must be >= 0 seconds, got -0.1"):
+        Simulator(w, make("verl_default", w), 3, round_trip_s=-0.1)
