@@ -51,6 +51,8 @@ def test_compare_pairs_cells_with_another_sweep(repo_root, tmp_path):
     assert "(x2.5 alternating), calibrated from the clock" in off.stdout
     assert "tail_aware here / tail_aware in --compare" in off.stdout
     assert _sweep(repo_root, "--prior-error", "0").stderr.strip().endswith("--prior-error=0.0; allowed: a number > 0")
+    bad = _sweep(repo_root, "--round-trip-ms", "-5").stderr.strip()
+    assert bad.endswith("--round-trip-ms=-5.0; allowed: a number >= 0")
 
 
 def test_sweep_rejects_a_bad_list(repo_root):
