@@ -119,7 +119,7 @@ def run_cell(cell: dict) -> dict:
     def run(name: str, seed: int):
         policy = make_policy(name, workload, previous, policy_model, seed)
         return simulate(workload, policy, replicas, model=model, chunk_tokens=cell["chunk_tokens"],
-                        clock=cell["clock"], round_trip_s=cell.get("round_trip_ms", 0.0) * 1e-3)
+                        clock=cell["clock"], round_trip_s=cell["round_trip_ms"] * 1e-3)
 
     verl = [run("verl_default", seed).makespan_s for seed in range(cell["verl_seeds"])]
     makespan = {"verl_default": statistics.fmean(verl)}

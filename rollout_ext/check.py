@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import sys
 from pathlib import Path
 
 from rollout_ext import modules
 from rollout_ext.config import ConfigError, ExtConfig
+from rollout_ext.plugin import status_lines
 from rollout_ext.testing.equivalence import OFF_ENV
 from rollout_ext.testing.greedy import GreedySpec, run_greedy
 
@@ -47,14 +47,11 @@ def variant_env(name: str) -> dict[str, str]:
     return modules.switches_on(names)
 
 
-# The plugin's status line, one per process that loaded it (rollout_ext.plugin.status_line).
-STATUS = re.compile(r"rollout_ext \S+: device=.*? active=\[(?P<modules>[^\]]*)\][^(]* \(pid \d+, (?P<proc>[^)]+)\)")
-
-
 def not_bound(log: str, wanted: list[str]) -> list[str]:
-    """The wanted modules that some process did not list as active (all of them if none reported)."""
-    lines = [m.group("modules").split(",") for m in STATUS.finditer(log)]
-    return [name for name in wanted if not lines or any(name not in active for active in lines)]
+    """The wanted modules that some process's status line did not list as active (all of them if no
+    process reported)."""
+    lines = status_lines(log)
+    return [name for name in wanted if not lines or any(name not in line["active"] for line in lines)]
 
 
 def compare(on, off) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import re
 
 import msgspec
 
@@ -175,3 +176,12 @@ def status_line(states: dict[str, ModuleState]) -> str:
         f"rollout_ext {__version__}: device={device_type()} vllm={vllm}{stack} {listed} "
         f"(pid {os.getpid()}, {process})"
     )
+
+
+_STATUS_LINE = re.compile(r"rollout_ext (?P<version>\S+): device=(?P<device>\S+) .*?active=\[(?P<active>[^\]]*)\]"
+                          r"[^(]* \(pid (?P<pid>\d+), (?P<proc>[^)]+)\)")
+
+
+def status_lines(log: str) -> list[dict]:
+    """Every `status_line` in a log: version, device, active (module names), pid and process name."""
+    return [{**m.groupdict(), "active": [n for n in m["active"].split(",") if n]} for m in _STATUS_LINE.finditer(log)]

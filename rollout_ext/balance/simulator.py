@@ -117,12 +117,12 @@ class Simulator:
                  round_trip_s: float = 0.0) -> None:
         if replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {replicas}")
+        if chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
         if not round_trip_s >= 0:
             raise ValueError(f"round_trip_s must be >= 0 seconds, got {round_trip_s}")
         self.round_trip_s = round_trip_s
         self._arriving: dict[tuple[float, str], list[str]] = {}  # (arrival s, replica) -> request ids
-        if chunk_tokens < 1:
-            raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
         self.workload = workload
         self.policy = policy
         self.model = model or StepModel()
@@ -225,15 +225,16 @@ class Simulator:
         self.boundaries += 1
         self.policy.release(seq.rid, rep.rid, generated, False, self._now(now))
         replica = self.policy.acquire(seq.rid, generated, self._now(now))
-        if replica == rep.rid and self.round_trip_s == 0:
-            seq.generated, seq.join_step = generated, rep.step
-            self._set_target(rep, seq)
+        if replica == rep.rid:
+            if self.round_trip_s == 0:
+                seq.generated, seq.join_step = generated, rep.step
+                self._set_target(rep, seq)
+            else:  # it rejoins its own replica's queue after the round trip: a prefix-cache hit
+                self._leave(rep, seq, generated)
+                seq.prefill = 0
+                self._dispatch(seq.rid, replica, touched, now)
             return
         self._leave(rep, seq, generated)
-        if replica == rep.rid:
-            seq.prefill = 0  # back to its own replica after the round trip: a prefix-cache hit
-            self._dispatch(seq.rid, replica, touched, now)
-            return
         seq.prefill = seq.prompt + generated  # the prefix cache of the old replica is lost
         if replica is not None:
             self.moves += 1

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
+from rollout_ext.plugin import status_lines
 from rollout_ext.testing.equivalence import OFF_ENV, assert_equivalent, module_env
 
 pytestmark = pytest.mark.heavy
 
 VANILLA = {"VLLM_PLUGINS": ""}
-# The status line lists the modules that bound (active=[...]), then any other states, then the process.
-LINE = re.compile(r"rollout_ext 0\.1\.0: device=cpu vllm=\S+ active=\[(?P<modules>[^\]]*)\][^(]* \(pid (?P<pid>\d+), (?P<proc>[^)]+)\)")
 
 
 def plugin_lines(log: str) -> list[dict]:
-    return [m.groupdict() for m in LINE.finditer(log)]
+    """The plugin's status lines (the modules that bound, then the process) of this version on CPU."""
+    return [line for line in status_lines(log) if line["version"] == "0.1.0" and line["device"] == "cpu"]
 
 
 def test_tp2_eager_plugin_in_every_process_and_output_unchanged(greedy_run):
@@ -39,6 +37,6 @@ def test_tp1_compiled_default_modules_output_unchanged(greedy_run):
     defaults = greedy_run("qwen2", 1, False, module_env(rope_cache="1"))
     lines = plugin_lines(defaults.log)
     assert [line["proc"] for line in lines] == ["MainProcess"]  # EngineCore and worker run in it
-    assert all(line["modules"] == "rope_cache" for line in lines)
+    assert all(line["active"] == ["rope_cache"] for line in lines)
     without = greedy_run("qwen2", 1, False, VANILLA)
     assert_equivalent(defaults, without, atol=1e-4)

@@ -1,7 +1,9 @@
 """Policy invariants under the simulator: placement, loads, no starvation, determinism, removal."""
 
+import dataclasses
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -96,15 +98,18 @@ def test_deterministic_for_a_seed(name):
     assert a.finish_s == b.finish_s and a.moves == b.moves
 
 
+# With a 20 ms round trip the replica goes at 10 ms, while its first work (8-14 requests, measured)
+# is still on its way there.
+@pytest.mark.parametrize("round_trip_s,remove_s", [(0.0, 0.5), (0.02, 0.01)], ids=["no-round-trip", "round-trip"])
 @pytest.mark.parametrize("name", NAMES)
-def test_removed_replica_work_completes_elsewhere(name):
+def test_removed_replica_work_completes_elsewhere(name, round_trip_s, remove_s):
     w = make_workload(WorkloadConfig(prompts=10, samples=4, mean_tokens=600, cap_tokens=2048, seed=1))
     policy = CheckedPolicy(make(name, w))
-    sim = Simulator(w, policy, 3, model=SMALL_MODEL, chunk_tokens=256)
-    sim.remove_replica_at(0.5, "r0")
+    sim = Simulator(w, policy, 3, model=SMALL_MODEL, chunk_tokens=256, round_trip_s=round_trip_s)
+    sim.remove_replica_at(remove_s, "r0")
     res = sim.run()
     assert sorted(res.finish_s) == sorted(w.request_ids)
-    late = [rid for rid, t in res.finish_s.items() if t > 0.5]
+    late = [rid for rid, t in res.finish_s.items() if t > remove_s]
     assert late, "the removal must happen while work is in flight"
     assert "r0" not in policy.inner.replicas
 
@@ -283,10 +288,6 @@ def test_tail_aware_stretches_chunks_when_boundaries_are_slow(gap_s, stretched):
 
 
 def _equal_lengths(n: int, length: int):
-    import dataclasses
-
-    import numpy as np
-
     w = make_workload(WorkloadConfig(prompts=n, samples=1, mean_tokens=length, cap_tokens=4 * length, seed=2))
     return dataclasses.replace(w, lengths=np.full(n, length), prompt_tokens=np.full(n, 32))
 
@@ -310,13 +311,7 @@ def test_round_trip_delays_each_dispatch_once(round_trip_s):
         assert slow - base == pytest.approx(trips * round_trip_s, rel=1e-9), name
 
 
-def test_round_trip_keeps_every_request_through_a_removal():
-    w = make_workload(WorkloadConfig(prompts=10, samples=4, mean_tokens=600, cap_tokens=2048, seed=1))
-    for name in NAMES:
-        policy = CheckedPolicy(make(name, w))
-        sim = Simulator(w, policy, 3, model=SMALL_MODEL, chunk_tokens=256, round_trip_s=0.02)
-        sim.remove_replica_at(0.5, "r0")
-        res = sim.run()
-        assert sorted(res.finish_s) == sorted(w.request_ids), name
+def test_negative_round_trip_is_refused():
+    w = make_workload(WorkloadConfig(prompts=2, samples=2, mean_tokens=100, cap_tokens=400, seed=1))
     with pytest.raises(ValueError, match="round_trip_s must be >= 0 seconds, got -0.1"):
         Simulator(w, make("verl_default", w), 3, round_trip_s=-0.1)
