@@ -9,16 +9,23 @@ step model predicts the chunk's time as
 with B the replica's running batch and K its resident KV tokens (both averaged over the chunk),
 and P the tokens the chunk had to prefill first: the whole context on a replica that does not hold
 the sequence's KV (its first chunk, or after a move), else none (the prefix cache). The four
-constants are fitted by least squares on the ratio to the prior (`StepModel`). The prior decides
-until MIN_CHUNKS chunks have been seen; after that it is only a faint ridge (a twentieth of a
-chunk) that keeps the fit solvable. The batch and KV features move together, so a heavier pull
-towards a wrong prior would drag their poorly determined mix with it, and a free fit could trade
-one constant against the other into a negative value: ratios are clamped to [1/50, 50] of the
-prior (of the project default where the prior is 0). The prefill constant is the least
-determined: a chunk's prefill is small beside its decode time.
+constants are fitted by least squares on the ratio to the prior (`StepModel`), on relative
+residuals: each chunk weighs by 1 / its time. On absolute times the longest chunks decide, and the
+longest are those that also waited (a queue, a preemption). In the simulator, started from the true
+constants, that fit moved the KV constant to 0.02-5.2x the truth and prefill up to 40x; weighed,
+base lands at 0.94-1.23x, prefill 0.80-1.55x and KV 0.63-1.12x (0.15x for per_seq_heavy at R=16,
+where KV is a few percent of a step). The prior decides until MIN_CHUNKS chunks have been seen;
+after that it is only a faint ridge (a twentieth of a chunk) that keeps the fit solvable. The
+batch and KV features move together, so a heavier pull towards a wrong prior would drag their
+poorly determined mix with it, and a free fit could trade one constant against the other into a
+negative value: ratios are clamped to [1/50, 50] of the prior (of the project default where the
+prior is 0). The prefill constant is the least determined: a chunk's prefill is small beside its
+decode time.
 
 What it does not see: time a chunk waited in a replica's own queue (vLLM's waiting list, when the
-KV is full) counts as step time, which biases the fit towards a slower replica. Prefills of the
+KV is full) counts as step time, which biases the fit towards a slower replica; the weighing keeps
+such chunks from dominating. A chunk's batch and KV are read once its start instant is over, since
+requests placed at one instant run together (tail_aware.py, `_Instant`). Prefills of the
 other sequences placed on the replica during a chunk (or at the same instant as it) are charged
 to that chunk, since a prefill stalls every running sequence.
 """
@@ -55,12 +62,14 @@ class StepModelFit:
         self._scale = np.where(prior_values > 0, prior_values, fallback)
         self._unit = self._scale * _TO_S
         # A typical chunk sets the ridge's weight: 1K tokens at half the slots and half the KV, and a
-        # 2K-token prefill.
+        # 2K-token prefill, over its time under the prior (chunks weigh by 1 / time, see observe).
+        prior_ratio = prior_values / self._scale
         typical = self._unit * np.array([1024.0, 1024.0 * prior.max_num_seqs / 2,
                                          1024.0 * prior.kv_capacity_tokens / 2, 2048.0])
+        typical /= typical @ prior_ratio
         ridge = PRIOR_CHUNKS * typical * typical
         self._a = np.diag(ridge)
-        self._b = ridge * prior_values / self._scale  # pulled towards the prior
+        self._b = ridge * prior_ratio  # pulled towards the prior
         self.chunks = 0
         self.model = prior
 
@@ -68,9 +77,11 @@ class StepModelFit:
         """One chunk: `tokens` decoded in `elapsed_s`, beside `batch` sequences holding `kv_tokens`."""
         if tokens <= 0 or elapsed_s <= 0:
             return
-        x = np.array([tokens, tokens * batch, tokens * kv_tokens, prefill_tokens]) * self._unit
+        # Relative residuals: each chunk weighs by 1 / its time, so a chunk that waited far longer than
+        # its steps (a queue, a preemption) does not drown the many short ones that pin the constants.
+        x = np.array([tokens, tokens * batch, tokens * kv_tokens, prefill_tokens]) * self._unit / elapsed_s
         self._a += np.outer(x, x)
-        self._b += x * elapsed_s
+        self._b += x
         self.chunks += 1
         if self.chunks >= MIN_CHUNKS and self.chunks % REFIT_EVERY == 0:
             self._refit()

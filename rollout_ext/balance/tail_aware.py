@@ -36,7 +36,11 @@ decode time on its replica. Without a clock, or in the simulator (no gap), the c
 
 Re-dispatch. At a chunk boundary, once no fresh work waits, a sequence moves to the replica that
 minimises the pair's predicted makespan, if the gain beats its re-prefill (prompt + generated) by
-`move_margin` of the current finish, at most `max_moves_per_request` times. Its remaining length is
+`move_margin` of the current finish, at most `max_moves_per_request` times. Of the destinations
+that qualify, the one holding the fewest moved sequences wins, then the least new makespan: moves
+are judged on predicted remaining lengths that the longest survivors outlive, so survivors stacked
+on one replica slow each other down there (kv_heavy, R=128, 256x16 prompts, ICC 0.85: 208.5 s
+stacked, 189.3 s spread, 197.9 s placement only; docs/router.md). Its remaining length is
 re-predicted conditioned on having survived g tokens, which is how stragglers are identified. The
 move is judged at `move_rem_factor` x the predicted remaining length, capped by max_tokens: the gain
 is convex in r (the longest sequence sets the step count, KV reads grow with r^2), so judging at the
@@ -85,11 +89,24 @@ def _kv_token_steps(rem: float, ctx: float) -> float:
     return ctx * rem + rem * rem / 2
 
 
+@dataclass(slots=True)
+class _Instant:
+    """A replica at one clock reading. Requests placed at one instant start their chunks together:
+    every one of them runs beside all the others and waits for all their prefills, not only for
+    those placed after it, so a chunk's start is read once the instant is over."""
+
+    clock_s: float
+    prefilled: float  # tokens sent here to prefill before this instant
+    batch: int = 0  # in-flight requests, as of the instant's last placement or release
+    resident: float = 0.0  # their resident KV tokens, likewise
+
+
 class _Replica:
     """A replica's in-flight requests as the finish-time formula needs them (model-free sums, so a
     refitted step model applies at once)."""
 
-    __slots__ = ("rems", "sum_rem", "sum_kv", "max_rem", "stale_max", "resident", "prefilled", "mark")
+    __slots__ = ("rems", "sum_rem", "sum_kv", "max_rem", "stale_max", "resident", "prefilled", "instant",
+                 "movers")
 
     def __init__(self) -> None:
         self.rems: dict[str, tuple[float, float]] = {}  # request -> (remaining tokens, KV token-steps)
@@ -99,9 +116,8 @@ class _Replica:
         self.stale_max = False  # the longest left; max_rem is recomputed on the next read
         self.resident = 0.0  # prompt + generated of the in-flight requests, as of their last boundary
         self.prefilled = 0.0  # tokens sent here to prefill, ever (a prefill stalls every running sequence)
-        # (clock, prefilled before that clock): requests placed at one instant prefill together, so a
-        # chunk waits for the prefills of all of them, not only of those placed after it.
-        self.mark: tuple[float | None, float] = (None, 0.0)
+        self.instant: _Instant | None = None  # the latest clock at which requests were placed here
+        self.movers = 0  # in-flight requests that moved here
 
     def add(self, request_id: str, rem: float, ctx: float) -> None:
         kv = _kv_token_steps(rem, ctx)
@@ -149,9 +165,8 @@ class TailAwarePolicy(CentralQueuePolicy):
         self._short: list[tuple[float, int, str]] = []  # (predicted length, tiebreak, request id)
         self._max_tokens = 0
         self._batch_work_s = 0.0  # the largest predicted work seen since the replicas were last idle
-        # request -> its running chunk: (start s, generated at start, replica's prefilled tokens
-        # before it, batch, resident KV)
-        self._chunk: dict[str, tuple[float, int, float, int, float]] = {}
+        # request -> its running chunk: (the instant it started at, generated tokens at its start)
+        self._chunk: dict[str, tuple[_Instant, int]] = {}
         self._released_s: dict[str, float] = {}  # request -> its last unfinished release, caller's clock
         self._gap_s = 0.0  # mean release -> acquire gap at boundaries (recent GAP_WINDOW of them)
         self._gaps = 0
@@ -227,18 +242,27 @@ class TailAwarePolicy(CentralQueuePolicy):
         super()._place(request_id, replica_id)
         rep = self._inflight[replica_id]
         rep.add(request_id, self._contrib[request_id] - ctx, ctx)
+        rep.movers += bool(self._moved.get(request_id))
         if self.clock_s is not None:
-            if rep.mark[0] != self.clock_s:
-                rep.mark = (self.clock_s, rep.prefilled)
-            self._chunk[request_id] = (self.clock_s, self.generated[request_id], rep.mark[1],
-                                       len(self.replicas[replica_id]), rep.resident)
+            if rep.instant is None or rep.instant.clock_s != self.clock_s:
+                rep.instant = _Instant(self.clock_s, rep.prefilled)
+            self._chunk[request_id] = (rep.instant, self.generated[request_id])
+            self._note_instant(replica_id)
         rep.prefilled += prefill
 
     def _unplace(self, request_id: str) -> None:
         replica_id = self.where[request_id]
         super()._unplace(request_id)
-        self._inflight[replica_id].remove(request_id, self._ctx(request_id))
+        rep = self._inflight[replica_id]
+        rep.remove(request_id, self._ctx(request_id))
+        rep.movers -= bool(self._moved.get(request_id))
         self._chunk.pop(request_id, None)
+        self._note_instant(replica_id)
+
+    def _note_instant(self, replica_id: str) -> None:
+        rep = self._inflight[replica_id]
+        if rep.instant is not None and rep.instant.clock_s == self.clock_s:
+            rep.instant.batch, rep.instant.resident = len(self.replicas[replica_id]), rep.resident
 
     def release(self, request_id: str, replica_id: str, generated_tokens: int, finished: bool,
                 now_s: float | None = None) -> None:
@@ -249,18 +273,18 @@ class TailAwarePolicy(CentralQueuePolicy):
         elif timed:
             self._released_s[request_id] = now_s
         if chunk is not None and timed:
-            start_s, start_tokens, prefilled0, batch0, kv0 = chunk
+            start, start_tokens = chunk
             rep = self._inflight[replica_id]
-            prefill = rep.prefilled - prefilled0  # its own, and every admission during the chunk
+            prefill = rep.prefilled - start.prefilled  # its own, and every admission during the chunk
             tokens = generated_tokens - start_tokens
-            batch = (batch0 + len(self.replicas[replica_id])) / 2
+            batch = (start.batch + len(self.replicas[replica_id])) / 2
             # Resident KV is known as of each request's last boundary; in between, every running
             # sequence is on average half a chunk further.
-            kv = (kv0 + rep.resident) / 2 + batch * tokens / 2
+            kv = (start.resident + rep.resident) / 2 + batch * tokens / 2
             # Past the KV capacity, vLLM runs only what fits; the rest waits in its queue.
             running = min(1.0, self.model.kv_capacity_tokens / kv) if kv > 0 else 1.0
             batch, kv = batch * running, kv * running
-            self.fit.observe(tokens, now_s - start_s, batch, kv, prefill)
+            self.fit.observe(tokens, now_s - start.clock_s, batch, kv, prefill)
         super().release(request_id, replica_id, generated_tokens, finished, now_s)
 
     def _work_s(self) -> float:
@@ -354,15 +378,16 @@ class TailAwarePolicy(CentralQueuePolicy):
         stay = self._finish_s(self._inflight[home], rem, kv)
         leave = self._finish_s(self._inflight[home])
         reprefill_s = self.model.prefill_s(ctx)
-        best, best_new = None, None
+        best, best_key = None, None
         for rep, rids in self.replicas.items():
+            other = self._inflight[rep]
             if rep == home or len(rids) >= self.slots_per_replica:
                 continue
-            other = self._inflight[rep]
             new = max(leave, self._finish_s(other, rem, kv) + reprefill_s)
             gain = max(stay, self._finish_s(other)) - new
-            if gain > cfg.move_margin * stay and (best_new is None or new < best_new):
-                best, best_new = rep, new
+            key = (other.movers, new)
+            if gain > cfg.move_margin * stay and (best_key is None or key < best_key):
+                best, best_key = rep, key
         if best is None:
             return home
         self._moved[request_id] = self._moved.get(request_id, 0) + 1

@@ -315,3 +315,33 @@ def test_negative_round_trip_is_refused():
     w = make_workload(WorkloadConfig(prompts=2, samples=2, mean_tokens=100, cap_tokens=400, seed=1))
     with pytest.raises(ValueError, match="round_trip_s must be >= 0 seconds, got -0.1"):
         Simulator(w, make("verl_default", w), 3, round_trip_s=-0.1)
+
+
+def test_tail_aware_spreads_moved_survivors_over_replicas():
+    """Survivors are moved on predicted remaining lengths that a long one outlives: two stacked on one
+    replica slow each other down there. Of the destinations whose predicted finish is alike, a moved
+    sequence goes to one that holds no other moved sequence."""
+    from rollout_ext.balance.request import Request
+    from rollout_ext.balance.tail_aware import _kv_token_steps
+
+    true = {f"L{i}": 20_000 for i in range(1, 5)}
+    policy = TailAwarePolicy(predictor=OraclePredictor(true), config=TailAwareConfig(move_margin=0.0))
+    policy.add_replica("a")
+    for rid in true:
+        policy.submit(Request(rid, rid, 0, 100, 20_000))
+        assert policy.acquire(rid, 0, now_s=0.0) is None
+    assert [rep for _, rep in policy.take_ready()] == ["a"] * 4
+    policy.add_replica("b")
+    policy.add_replica("c")
+    policy.release("L1", "a", 1024, False, now_s=10.0)
+    assert policy.acquire("L1", 1024, now_s=10.0) == "b"  # the first of two alike destinations
+    policy.release("L2", "a", 1024, False, now_s=10.5)
+    # Control: by predicted finish, b (holding L1) and c are alike for L2, so without the rule it
+    # would follow L1 to b, the first of them.
+    rem = min(20_000 - 1024, policy.config.move_rem_factor * policy.remaining("L2"))
+    kv = _kv_token_steps(rem, 100 + 1024)
+    leave = policy._finish_s(policy._inflight["a"])
+    finish = {rep: max(leave, policy._finish_s(policy._inflight[rep], rem, kv) + policy.model.prefill_s(1124))
+              for rep in "bc"}
+    assert finish["b"] == finish["c"]
+    assert policy.acquire("L2", 1024, now_s=10.5) == "c"
