@@ -247,7 +247,7 @@ class TailAwarePolicy(CentralQueuePolicy):
             if rep.instant is None or rep.instant.clock_s != self.clock_s:
                 rep.instant = _Instant(self.clock_s, rep.prefilled)
             self._chunk[request_id] = (rep.instant, self.generated[request_id])
-            self._note_instant(replica_id)
+            self._note_instant(rep)
         rep.prefilled += prefill
 
     def _unplace(self, request_id: str) -> None:
@@ -257,12 +257,11 @@ class TailAwarePolicy(CentralQueuePolicy):
         rep.remove(request_id, self._ctx(request_id))
         rep.movers -= bool(self._moved.get(request_id))
         self._chunk.pop(request_id, None)
-        self._note_instant(replica_id)
+        self._note_instant(rep)
 
-    def _note_instant(self, replica_id: str) -> None:
-        rep = self._inflight[replica_id]
+    def _note_instant(self, rep: _Replica) -> None:
         if rep.instant is not None and rep.instant.clock_s == self.clock_s:
-            rep.instant.batch, rep.instant.resident = len(self.replicas[replica_id]), rep.resident
+            rep.instant.batch, rep.instant.resident = len(rep.rems), rep.resident
 
     def release(self, request_id: str, replica_id: str, generated_tokens: int, finished: bool,
                 now_s: float | None = None) -> None:
@@ -370,6 +369,16 @@ class TailAwarePolicy(CentralQueuePolicy):
     def _continue(self, request_id: str, home: str) -> str | None:
         if self._queued or not self._may_move(request_id):
             return home
+        options = self._move_options(request_id, home)
+        if not options:
+            return home
+        # The fewest moved sequences first, then the least new makespan (see the module doc).
+        best = min(options, key=lambda rep: (self._inflight[rep].movers, options[rep]))
+        self._moved[request_id] = self._moved.get(request_id, 0) + 1
+        return best
+
+    def _move_options(self, request_id: str, home: str) -> dict[str, float]:
+        """Replicas a move to which gains more than `move_margin`: replica -> the pair's new makespan."""
         cfg = self.config
         req = self.requests[request_id]
         ctx = req.prompt_len + self.generated[request_id]
@@ -378,17 +387,12 @@ class TailAwarePolicy(CentralQueuePolicy):
         stay = self._finish_s(self._inflight[home], rem, kv)
         leave = self._finish_s(self._inflight[home])
         reprefill_s = self.model.prefill_s(ctx)
-        best, best_key = None, None
+        options = {}
         for rep, rids in self.replicas.items():
-            other = self._inflight[rep]
             if rep == home or len(rids) >= self.slots_per_replica:
                 continue
+            other = self._inflight[rep]
             new = max(leave, self._finish_s(other, rem, kv) + reprefill_s)
-            gain = max(stay, self._finish_s(other)) - new
-            key = (other.movers, new)
-            if gain > cfg.move_margin * stay and (best_key is None or key < best_key):
-                best, best_key = rep, key
-        if best is None:
-            return home
-        self._moved[request_id] = self._moved.get(request_id, 0) + 1
-        return best
+            if max(stay, self._finish_s(other)) - new > cfg.move_margin * stay:
+                options[rep] = new
+        return options

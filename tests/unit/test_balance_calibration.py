@@ -4,7 +4,7 @@ the simulator from the clock alone."""
 import numpy as np
 import pytest
 
-from rollout_ext.balance.calibration import FIELDS, StepModelFit, off_by
+from rollout_ext.balance.calibration import _TO_S, FIELDS, StepModelFit, off_by
 from rollout_ext.balance.predictor import LengthPredictor
 from rollout_ext.balance.request import Request
 from rollout_ext.balance.simulator import simulate
@@ -97,7 +97,7 @@ def test_a_chunk_that_waited_does_not_drag_the_fit():
     for field in FIELDS[:3]:
         assert getattr(fit.model, field) == pytest.approx(getattr(true, field), rel=0.1), (field, fit.ratios())
     # Control: least squares on absolute times, from the same chunks, is pulled far off.
-    x = np.array([[t, t * b, t * kv, p] for t, _, b, kv, p in waited]) * np.array([1e-3, 1e-6, 1e-9, 1e-6])
+    x = np.array([[t, t * b, t * kv, p] for t, _, b, kv, p in waited]) * _TO_S
     plain = np.linalg.lstsq(x, np.array([e for _, e, *_ in waited]), rcond=None)[0]
     truth = np.array([getattr(true, f) for f in FIELDS])
     assert np.max(np.abs(plain[:3] / truth[:3] - 1)) > 0.3, plain / truth

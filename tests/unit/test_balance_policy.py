@@ -322,7 +322,6 @@ def test_tail_aware_spreads_moved_survivors_over_replicas():
     replica slow each other down there. Of the destinations whose predicted finish is alike, a moved
     sequence goes to one that holds no other moved sequence."""
     from rollout_ext.balance.request import Request
-    from rollout_ext.balance.tail_aware import _kv_token_steps
 
     true = {f"L{i}": 20_000 for i in range(1, 5)}
     policy = TailAwarePolicy(predictor=OraclePredictor(true), config=TailAwareConfig(move_margin=0.0))
@@ -338,10 +337,6 @@ def test_tail_aware_spreads_moved_survivors_over_replicas():
     policy.release("L2", "a", 1024, False, now_s=10.5)
     # Control: by predicted finish, b (holding L1) and c are alike for L2, so without the rule it
     # would follow L1 to b, the first of them.
-    rem = min(20_000 - 1024, policy.config.move_rem_factor * policy.remaining("L2"))
-    kv = _kv_token_steps(rem, 100 + 1024)
-    leave = policy._finish_s(policy._inflight["a"])
-    finish = {rep: max(leave, policy._finish_s(policy._inflight[rep], rem, kv) + policy.model.prefill_s(1124))
-              for rep in "bc"}
+    finish = policy._move_options("L2", "a")
     assert finish["b"] == finish["c"]
     assert policy.acquire("L2", 1024, now_s=10.5) == "c"
