@@ -20,7 +20,8 @@ release), every chunk's time refines them (rollout_ext/balance/calibration.py), 
 plans with the fitted model (`policy.model`).
 
 Predicted finish time of a replica, from the step model and the in-flight requests' predicted
-remaining tokens r_i and contexts c_i (all start now, nothing is added):
+remaining tokens r_i and contexts c_i, both aged to the steps the replica has run since each was
+recorded (`_Replica`; all start now, nothing is added):
 
     F = base * max(max_i r_i, sum_i r_i / slots) + sum_i [per_seq * r_i + kv * (c_i r_i + r_i^2 / 2)]
 
@@ -103,45 +104,59 @@ class _Instant:
 
 class _Replica:
     """A replica's in-flight requests as the finish-time formula needs them (model-free sums, so a
-    refitted step model applies at once)."""
+    refitted step model applies at once).
 
-    __slots__ = ("rems", "sum_rem", "sum_kv", "max_rem", "stale_max", "resident", "prefilled", "instant",
-                 "movers")
+    Sequences on a replica decode in lock step, so every release tells how many steps the replica
+    has run (`steps`), and each remaining length is aged by the steps run since it was recorded, at
+    its own rate `alpha`: how much its predicted remaining length fell per generated token between
+    its last two boundaries (1 for a known length; near 0 for a survivor of a heavy tail, whose
+    expected rest hardly shrinks as it runs). Without aging, a replica's finish is overstated by up
+    to a chunk of steps for every sequence between boundaries; at a boundary that many sequences
+    share, the first one judged saw its neighbours a chunk stale and moved, and the next one moved
+    onto the replica it had left (docs/router.md, "Aged remaining lengths")."""
+
+    __slots__ = ("rems", "steps", "resident", "prefilled", "instant", "movers", "_sums", "_sums_steps")
 
     def __init__(self) -> None:
-        self.rems: dict[str, tuple[float, float]] = {}  # request -> (remaining tokens, KV token-steps)
-        self.sum_rem = 0.0
-        self.sum_kv = 0.0
-        self.max_rem = 0.0
-        self.stale_max = False  # the longest left; max_rem is recomputed on the next read
+        # request -> (remaining tokens, alpha, context, replica step), as of its placement
+        self.rems: dict[str, tuple[float, float, float, float]] = {}
+        self.steps = 0.0  # decode steps this replica has run, as far as releases tell
         self.resident = 0.0  # prompt + generated of the in-flight requests, as of their last boundary
         self.prefilled = 0.0  # tokens sent here to prefill, ever (a prefill stalls every running sequence)
         self.instant: _Instant | None = None  # the latest clock at which requests were placed here
         self.movers = 0  # in-flight requests that moved here
+        self._sums: tuple[float, float, float] | None = None  # (sum rem, sum KV token-steps, peak), aged
+        self._sums_steps = 0.0
 
-    def add(self, request_id: str, rem: float, ctx: float) -> None:
-        kv = _kv_token_steps(rem, ctx)
-        self.rems[request_id] = (rem, kv)
-        self.sum_rem += rem
-        self.sum_kv += kv
+    def add(self, request_id: str, rem: float, ctx: float, alpha: float = 1.0) -> None:
+        self.rems[request_id] = (rem, alpha, ctx, self.steps)
         self.resident += ctx
-        if not self.stale_max:
-            self.max_rem = max(self.max_rem, rem)
+        self._sums = None
 
-    def remove(self, request_id: str, ctx: float) -> None:
-        rem, kv = self.rems.pop(request_id)
+    def remove(self, request_id: str) -> None:
+        _, _, ctx, _ = self.rems.pop(request_id)
         # Clamp: float round-off must never leave a negative sum behind.
-        self.sum_rem = max(0.0, self.sum_rem - rem) if self.rems else 0.0
-        self.sum_kv = max(0.0, self.sum_kv - kv) if self.rems else 0.0
         self.resident = max(0.0, self.resident - ctx) if self.rems else 0.0
-        if rem >= self.max_rem:
-            self.stale_max = True
+        self._sums = None
 
-    def peak(self) -> float:
-        if self.stale_max:
-            self.max_rem = max((r for r, _ in self.rems.values()), default=0.0)
-            self.stale_max = False
-        return self.max_rem
+    def ran(self, request_id: str, tokens: int) -> None:
+        """A request placed here reports `tokens` generated since its placement: the replica ran that
+        many steps since then."""
+        self.steps = max(self.steps, self.rems[request_id][3] + tokens)
+
+    def sums(self) -> tuple[float, float, float]:
+        """(remaining tokens, KV token-steps, the longest remaining) of the in-flight requests, aged to
+        `steps`. Recomputed only after a change: a replica is judged far more often than it changes."""
+        if self._sums is None or self._sums_steps != self.steps:
+            total = kv = peak = 0.0
+            for rem, alpha, ctx, step in self.rems.values():
+                d = self.steps - step
+                rem = max(0.0, rem - alpha * d)
+                total += rem
+                kv += _kv_token_steps(rem, ctx + d)
+                peak = max(peak, rem)
+            self._sums, self._sums_steps = (total, kv, peak), self.steps
+        return self._sums
 
 
 class TailAwarePolicy(CentralQueuePolicy):
@@ -159,6 +174,7 @@ class TailAwarePolicy(CentralQueuePolicy):
         self._inflight: dict[str, _Replica] = {}
         self._group_members: dict[str, list[str]] = {}
         self._moved: dict[str, int] = {}
+        self._last_pred: dict[str, tuple[int, float]] = {}  # request -> (generated, predicted rest) at its last placement
         self._queued_pred: dict[str, float] = {}
         self._queued_tokens = 0.0
         self._prompt_tokens_sum = 0
@@ -229,8 +245,9 @@ class TailAwarePolicy(CentralQueuePolicy):
     # ---- predicted finish -----------------------------------------------------------------
     def _finish_s(self, rep: _Replica, add_rem: float = 0.0, add_kv: float = 0.0) -> float:
         m = self.model
-        steps = max(rep.peak(), add_rem, (rep.sum_rem + add_rem) / self.slots_per_replica)
-        return m.base_ms * 1e-3 * steps + m.per_seq_us * 1e-6 * (rep.sum_rem + add_rem) + m.kv_s * (rep.sum_kv + add_kv)
+        sum_rem, sum_kv, peak = rep.sums()
+        steps = max(peak, add_rem, (sum_rem + add_rem) / self.slots_per_replica)
+        return m.base_ms * 1e-3 * steps + m.per_seq_us * 1e-6 * (sum_rem + add_rem) + m.kv_s * (sum_kv + add_kv)
 
     def _ctx(self, request_id: str) -> float:
         return self.requests[request_id].prompt_len + self.generated[request_id]
@@ -241,7 +258,8 @@ class TailAwarePolicy(CentralQueuePolicy):
         prefill = 0.0 if self.home.get(request_id) == replica_id and self.generated[request_id] > 0 else ctx
         super()._place(request_id, replica_id)
         rep = self._inflight[replica_id]
-        rep.add(request_id, self._contrib[request_id] - ctx, ctx)
+        rem = self._contrib[request_id] - ctx
+        rep.add(request_id, rem, ctx, self._alpha(request_id, rem))
         rep.movers += bool(self._moved.get(request_id))
         if self.clock_s is not None:
             if rep.instant is None or rep.instant.clock_s != self.clock_s:
@@ -250,11 +268,21 @@ class TailAwarePolicy(CentralQueuePolicy):
             self._note_instant(rep)
         rep.prefilled += prefill
 
+    def _alpha(self, request_id: str, rem: float) -> float:
+        """How fast this sequence's predicted rest falls per generated token, from its last two
+        placements (1 before it has two: a fresh sequence is mostly short of its typical length)."""
+        g = self.generated[request_id]
+        last = self._last_pred.get(request_id)
+        self._last_pred[request_id] = (g, rem)
+        if last is None or g <= last[0]:
+            return 1.0
+        return min(1.0, max(0.0, (last[1] - rem) / (g - last[0])))
+
     def _unplace(self, request_id: str) -> None:
         replica_id = self.where[request_id]
         super()._unplace(request_id)
         rep = self._inflight[replica_id]
-        rep.remove(request_id, self._ctx(request_id))
+        rep.remove(request_id)
         rep.movers -= bool(self._moved.get(request_id))
         self._chunk.pop(request_id, None)
         self._note_instant(rep)
@@ -266,6 +294,9 @@ class TailAwarePolicy(CentralQueuePolicy):
     def release(self, request_id: str, replica_id: str, generated_tokens: int, finished: bool,
                 now_s: float | None = None) -> None:
         chunk = self._chunk.get(request_id)
+        if self.where.get(request_id) == replica_id:
+            rep = self._inflight[replica_id]
+            rep.ran(request_id, generated_tokens - (rep.rems[request_id][2] - self.requests[request_id].prompt_len))
         timed = now_s is not None and self.where.get(request_id) == replica_id
         if timed and finished:
             self._released_s.pop(request_id, None)
@@ -285,10 +316,12 @@ class TailAwarePolicy(CentralQueuePolicy):
             batch, kv = batch * running, kv * running
             self.fit.observe(tokens, now_s - start.clock_s, batch, kv, prefill)
         super().release(request_id, replica_id, generated_tokens, finished, now_s)
+        if finished:
+            self._last_pred.pop(request_id, None)
 
     def _work_s(self) -> float:
         """All predicted remaining work (in flight and queued) at saturated throughput."""
-        in_flight = sum(rep.sum_rem for rep in self._inflight.values())
+        in_flight = sum(rep.sums()[0] for rep in self._inflight.values())
         mean_pred = (in_flight + self._queued_tokens) / max(1, len(self.where) + len(self._queued))
         ctx = self._prompt_tokens_sum / max(1, len(self.requests)) + 1.5 * mean_pred  # rough token-weighted context
         x_sat = self.model.saturated_tokens_per_s(ctx)
