@@ -115,12 +115,14 @@ class _Replica:
     share, the first one judged saw its neighbours a chunk stale and moved, and the next one moved
     onto the replica it had left (docs/router.md, "Aged remaining lengths")."""
 
-    __slots__ = ("rems", "steps", "resident", "prefilled", "instant", "movers", "_sums", "_sums_steps")
+    __slots__ = ("rems", "steps", "recorded_rem", "resident", "prefilled", "instant", "movers", "_sums",
+                 "_sums_steps")
 
     def __init__(self) -> None:
         # request -> (remaining tokens, alpha, context, replica step), as of its placement
         self.rems: dict[str, tuple[float, float, float, float]] = {}
         self.steps = 0.0  # decode steps this replica has run, as far as releases tell
+        self.recorded_rem = 0.0  # remaining tokens of the in-flight requests as recorded, not aged
         self.resident = 0.0  # prompt + generated of the in-flight requests, as of their last boundary
         self.prefilled = 0.0  # tokens sent here to prefill, ever (a prefill stalls every running sequence)
         self.instant: _Instant | None = None  # the latest clock at which requests were placed here
@@ -130,12 +132,14 @@ class _Replica:
 
     def add(self, request_id: str, rem: float, ctx: float, alpha: float = 1.0) -> None:
         self.rems[request_id] = (rem, alpha, ctx, self.steps)
+        self.recorded_rem += rem
         self.resident += ctx
         self._sums = None
 
     def remove(self, request_id: str) -> None:
-        _, _, ctx, _ = self.rems.pop(request_id)
+        rem, _, ctx, _ = self.rems.pop(request_id)
         # Clamp: float round-off must never leave a negative sum behind.
+        self.recorded_rem = max(0.0, self.recorded_rem - rem) if self.rems else 0.0
         self.resident = max(0.0, self.resident - ctx) if self.rems else 0.0
         self._sums = None
 
@@ -321,7 +325,8 @@ class TailAwarePolicy(CentralQueuePolicy):
 
     def _work_s(self) -> float:
         """All predicted remaining work (in flight and queued) at saturated throughput."""
-        in_flight = sum(rep.sums()[0] for rep in self._inflight.values())
+        # As recorded, not aged: a rough regime estimate, read at every placement, needs no O(n) pass.
+        in_flight = sum(rep.recorded_rem for rep in self._inflight.values())
         mean_pred = (in_flight + self._queued_tokens) / max(1, len(self.where) + len(self._queued))
         ctx = self._prompt_tokens_sum / max(1, len(self.requests)) + 1.5 * mean_pred  # rough token-weighted context
         x_sat = self.model.saturated_tokens_per_s(ctx)
