@@ -298,10 +298,12 @@ class TailAwarePolicy(CentralQueuePolicy):
     def release(self, request_id: str, replica_id: str, generated_tokens: int, finished: bool,
                 now_s: float | None = None) -> None:
         chunk = self._chunk.get(request_id)
-        if self.where.get(request_id) == replica_id:
+        placed_here = self.where.get(request_id) == replica_id
+        if placed_here:
             rep = self._inflight[replica_id]
-            rep.ran(request_id, generated_tokens - (rep.rems[request_id][2] - self.requests[request_id].prompt_len))
-        timed = now_s is not None and self.where.get(request_id) == replica_id
+            ctx_at_placement = rep.rems[request_id][2]
+            rep.ran(request_id, generated_tokens + self.requests[request_id].prompt_len - ctx_at_placement)
+        timed = now_s is not None and placed_here
         if timed and finished:
             self._released_s.pop(request_id, None)
         elif timed:

@@ -344,14 +344,13 @@ def test_tail_aware_spreads_moved_survivors_over_replicas():
     assert policy.acquire("L2", 1024, now_s=10.5) == "c"
 
 
-def _placed_at_once(lengths: dict[str, int], replicas=("a",)) -> TailAwarePolicy:
-    """tail_aware with the true lengths and every request placed at t=0."""
+def _placed_at_once(lengths: dict[str, int]) -> TailAwarePolicy:
+    """tail_aware with the true lengths and every request placed on replica a at t=0."""
     from rollout_ext.balance.request import Request
 
     policy = TailAwarePolicy(predictor=OraclePredictor(lengths))
-    for rep in replicas:
-        policy.add_replica(rep)
-    for rid, n in lengths.items():
+    policy.add_replica("a")
+    for rid in lengths:
         policy.submit(Request(rid, rid, 0, 100, 20_000))
         assert policy.acquire(rid, 0, now_s=0.0) is None
     policy.take_ready()
