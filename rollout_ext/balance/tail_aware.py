@@ -115,43 +115,41 @@ class _Replica:
     share, the first one judged saw its neighbours a chunk stale and moved, and the next one moved
     onto the replica it had left (docs/router.md, "Aged remaining lengths")."""
 
-    __slots__ = ("rems", "steps", "recorded_rem", "resident", "prefilled", "instant", "movers", "_sums",
-                 "_sums_steps")
+    __slots__ = ("rems", "steps", "resident", "prefilled", "instant", "movers", "_sums")
 
     def __init__(self) -> None:
         # request -> (remaining tokens, alpha, context, replica step), as of its placement
         self.rems: dict[str, tuple[float, float, float, float]] = {}
         self.steps = 0.0  # decode steps this replica has run, as far as releases tell
-        self.recorded_rem = 0.0  # remaining tokens of the in-flight requests as recorded, not aged
         self.resident = 0.0  # prompt + generated of the in-flight requests, as of their last boundary
         self.prefilled = 0.0  # tokens sent here to prefill, ever (a prefill stalls every running sequence)
         self.instant: _Instant | None = None  # the latest clock at which requests were placed here
         self.movers = 0  # in-flight requests that moved here
         self._sums: tuple[float, float, float] | None = None  # (sum rem, sum KV token-steps, peak), aged
-        self._sums_steps = 0.0
 
     def add(self, request_id: str, rem: float, ctx: float, alpha: float = 1.0) -> None:
         self.rems[request_id] = (rem, alpha, ctx, self.steps)
-        self.recorded_rem += rem
         self.resident += ctx
         self._sums = None
 
     def remove(self, request_id: str) -> None:
-        rem, _, ctx, _ = self.rems.pop(request_id)
+        _, _, ctx, _ = self.rems.pop(request_id)
         # Clamp: float round-off must never leave a negative sum behind.
-        self.recorded_rem = max(0.0, self.recorded_rem - rem) if self.rems else 0.0
         self.resident = max(0.0, self.resident - ctx) if self.rems else 0.0
         self._sums = None
 
-    def ran(self, request_id: str, tokens: int) -> None:
-        """A request placed here reports `tokens` generated since its placement: the replica ran that
-        many steps since then."""
-        self.steps = max(self.steps, self.rems[request_id][3] + tokens)
+    def ran(self, request_id: str, ctx: float) -> None:
+        """A request placed here reports its context `ctx`: the replica ran a step for every token it
+        generated since its placement."""
+        _, _, ctx_placed, step = self.rems[request_id]
+        steps = max(self.steps, step + ctx - ctx_placed)
+        if steps != self.steps:
+            self.steps, self._sums = steps, None
 
     def sums(self) -> tuple[float, float, float]:
         """(remaining tokens, KV token-steps, the longest remaining) of the in-flight requests, aged to
         `steps`. Recomputed only after a change: a replica is judged far more often than it changes."""
-        if self._sums is None or self._sums_steps != self.steps:
+        if self._sums is None:
             total = kv = peak = 0.0
             for rem, alpha, ctx, step in self.rems.values():
                 d = self.steps - step
@@ -159,7 +157,7 @@ class _Replica:
                 total += rem
                 kv += _kv_token_steps(rem, ctx + d)
                 peak = max(peak, rem)
-            self._sums, self._sums_steps = (total, kv, peak), self.steps
+            self._sums = (total, kv, peak)
         return self._sums
 
 
@@ -264,6 +262,7 @@ class TailAwarePolicy(CentralQueuePolicy):
         rep = self._inflight[replica_id]
         rem = self._contrib[request_id] - ctx
         rep.add(request_id, rem, ctx, self._alpha(request_id, rem))
+        self._last_pred[request_id] = (self.generated[request_id], rem)
         rep.movers += bool(self._moved.get(request_id))
         if self.clock_s is not None:
             if rep.instant is None or rep.instant.clock_s != self.clock_s:
@@ -277,7 +276,6 @@ class TailAwarePolicy(CentralQueuePolicy):
         placements (1 before it has two: a fresh sequence is mostly short of its typical length)."""
         g = self.generated[request_id]
         last = self._last_pred.get(request_id)
-        self._last_pred[request_id] = (g, rem)
         if last is None or g <= last[0]:
             return 1.0
         return min(1.0, max(0.0, (last[1] - rem) / (g - last[0])))
@@ -300,9 +298,7 @@ class TailAwarePolicy(CentralQueuePolicy):
         chunk = self._chunk.get(request_id)
         placed_here = self.where.get(request_id) == replica_id
         if placed_here:
-            rep = self._inflight[replica_id]
-            ctx_at_placement = rep.rems[request_id][2]
-            rep.ran(request_id, generated_tokens + self.requests[request_id].prompt_len - ctx_at_placement)
+            self._inflight[replica_id].ran(request_id, self.requests[request_id].prompt_len + generated_tokens)
         timed = now_s is not None and placed_here
         if timed and finished:
             self._released_s.pop(request_id, None)
@@ -327,8 +323,9 @@ class TailAwarePolicy(CentralQueuePolicy):
 
     def _work_s(self) -> float:
         """All predicted remaining work (in flight and queued) at saturated throughput."""
-        # As recorded, not aged: a rough regime estimate, read at every placement, needs no O(n) pass.
-        in_flight = sum(rep.recorded_rem for rep in self._inflight.values())
+        # As recorded, not aged (load = resident + recorded remaining): a rough regime estimate, read at
+        # every placement, needs no O(n) pass.
+        in_flight = sum(self.load_tokens[r] - rep.resident for r, rep in self._inflight.items())
         mean_pred = (in_flight + self._queued_tokens) / max(1, len(self.where) + len(self._queued))
         ctx = self._prompt_tokens_sum / max(1, len(self.requests)) + 1.5 * mean_pred  # rough token-weighted context
         x_sat = self.model.saturated_tokens_per_s(ctx)

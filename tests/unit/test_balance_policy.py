@@ -317,21 +317,27 @@ def test_negative_round_trip_is_refused():
         Simulator(w, make("verl_default", w), 3, round_trip_s=-0.1)
 
 
+def _placed_at_once(lengths: dict[str, int], config: TailAwareConfig | None = None) -> TailAwarePolicy:
+    """tail_aware with the true lengths and every request placed on replica a at t=0."""
+    from rollout_ext.balance.request import Request
+
+    policy = TailAwarePolicy(predictor=OraclePredictor(lengths), config=config)
+    policy.add_replica("a")
+    for rid in lengths:
+        policy.submit(Request(rid, rid, 0, 100, 20_000))
+        assert policy.acquire(rid, 0, now_s=0.0) is None
+    assert [rep for _, rep in policy.take_ready()] == ["a"] * len(lengths)
+    return policy
+
+
 def test_tail_aware_spreads_moved_survivors_over_replicas():
     """Survivors are moved on predicted remaining lengths that a long one outlives: two stacked on one
     replica slow each other down there. Of the destinations whose predicted finish is alike, a moved
     sequence goes to one that holds no other moved sequence."""
-    from rollout_ext.balance.request import Request
-
     # L3 and L4 keep replica a busy longer than L1 or L2 would run anywhere: a's finish without them
     # caps every option, so by predicted finish alone b and c are alike.
     true = {"L1": 10_000, "L2": 10_000, "L3": 20_000, "L4": 20_000}
-    policy = TailAwarePolicy(predictor=OraclePredictor(true), config=TailAwareConfig(move_margin=0.0))
-    policy.add_replica("a")
-    for rid in true:
-        policy.submit(Request(rid, rid, 0, 100, 20_000))
-        assert policy.acquire(rid, 0, now_s=0.0) is None
-    assert [rep for _, rep in policy.take_ready()] == ["a"] * 4
+    policy = _placed_at_once(true, TailAwareConfig(move_margin=0.0))
     policy.add_replica("b")
     policy.add_replica("c")
     policy.release("L1", "a", 1024, False, now_s=10.0)
@@ -342,19 +348,6 @@ def test_tail_aware_spreads_moved_survivors_over_replicas():
     finish = policy._move_options("L2", "a")
     assert finish["b"] == finish["c"]
     assert policy.acquire("L2", 1024, now_s=10.5) == "c"
-
-
-def _placed_at_once(lengths: dict[str, int]) -> TailAwarePolicy:
-    """tail_aware with the true lengths and every request placed on replica a at t=0."""
-    from rollout_ext.balance.request import Request
-
-    policy = TailAwarePolicy(predictor=OraclePredictor(lengths))
-    policy.add_replica("a")
-    for rid in lengths:
-        policy.submit(Request(rid, rid, 0, 100, 20_000))
-        assert policy.acquire(rid, 0, now_s=0.0) is None
-    policy.take_ready()
-    return policy
 
 
 def test_tail_aware_ages_remaining_lengths_by_the_steps_its_replica_ran():
