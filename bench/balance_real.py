@@ -170,6 +170,7 @@ def run_real(a) -> dict:
             for warm in range(a.warm_epochs):
                 asyncio.run(rollout(client, make_jobs(a, epoch=-1 - warm), a.cap))
                 ray.get(router.end_epoch.remote())
+            cpu0_s = ray.get(router.get_status.remote())["router_cpu_s"]
             run = asyncio.run(rollout(client, measured, a.cap))
             status = ray.get(router.get_status.remote())
             ray.kill(router)
@@ -182,6 +183,8 @@ def run_real(a) -> dict:
                 # The router round trip at a boundary, as the client saw it (release, then acquire).
                 "boundary_acquire_ms": _per_boundary_ms(outs),
                 "boundary_gap_ms": status["policy"].get("boundary_gap_ms"),  # what the policy saw
+                "boundary_ms": status["policy"].get("boundary_ms"),  # gap + the fitted per-chunk cost
+                "router_cpu_s": round(status["router_cpu_s"] - cpu0_s, 3),  # the measured batch only
                 "wrong_lengths": sum(len(o.token_ids) != j["length"] for j, o in zip(measured, outs)),
                 "predictor": status["policy"].get("predictor"),
             }
@@ -209,6 +212,8 @@ def run_real(a) -> dict:
                 "moves": sum(r["moves"] for r in reps), "moved_sequences": sum(r["moved_sequences"] for r in reps),
                 "chunks": reps[-1]["chunks"], "boundary_acquire_ms": [r["boundary_acquire_ms"] for r in reps],
                 "boundary_gap_ms": [r["boundary_gap_ms"] for r in reps],
+                "boundary_ms": [r["boundary_ms"] for r in reps],
+                "router_cpu_s": [r["router_cpu_s"] for r in reps],
                 "wrong_lengths": sum(r["wrong_lengths"] for r in reps),
                 "predictor": reps[-1]["predictor"],
             })
@@ -265,13 +270,13 @@ def main(argv=None) -> dict:
     out = run_real(a)
     print(json.dumps(out["setup"], indent=1))
     print(f"{'policy':<24} {'makespan_s':>10} {'vs_verl':>8} {'paired (range)':>22} {'moves':>6} {'chunks':>7} "
-          f"{'wrong_len':>9}  runs_s  (boundary acquire ms per run)")
+          f"{'wrong_len':>9}  runs_s  (boundary acquire ms; boundary cost the policy fitted, ms; router CPU s; per run)")
     for r in out["results"]:
         low, high = r.get("paired_ratio_range") or (0, 0)
         paired = f"{r.get('paired_ratio_median') or 0:.3f} ({low:.3f}-{high:.3f})"
         print(f"{r['policy']:<24} {r['makespan_s']:>10.2f} {r['ratio_vs_verl_default'] or 0:>8.3f} {paired:>22} "
               f"{r['moves']:>6} {r['chunks']:>7} {r['wrong_lengths']:>9}  {r['makespan_runs_s']}"
-              f"  {r['boundary_acquire_ms']}")
+              f"  {r['boundary_acquire_ms']}  {r['boundary_ms']}  {r['router_cpu_s']}")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
     return out

@@ -4,12 +4,15 @@ A chunk is one acquire/release pair on one replica. The policy knows when it sta
 (the clock it is given), the tokens it produced, and what else it had placed on that replica. The
 step model predicts the chunk's time as
 
-    elapsed_s = tokens * (base + per_seq * B + kv * K) + prefill * P
+    elapsed_s = tokens * (base + per_seq * B + kv * K) + prefill * P + boundary
 
 with B the replica's running batch and K its resident KV tokens (both averaged over the chunk),
 and P the tokens the chunk had to prefill first: the whole context on a replica that does not hold
-the sequence's KV (its first chunk, or after a move), else none (the prefix cache). The four
-constants are fitted by least squares on the ratio to the prior (`StepModel`), on relative
+the sequence's KV (its first chunk, or after a move), else none (the prefix cache). `boundary` is
+what a chunk costs beyond its steps: the answer's way to the caller, the generate call, the
+engine's re-schedule, and the release's way back (on the tiny CPU replicas 20-35 ms, against a
+7 ms decode step; docs/router.md). It is not a property of a replica's steps, so it is kept
+beside the step model (`boundary_s`), with a prior of 0. The five constants are fitted by least squares on the ratio to the prior (`StepModel`), on relative
 residuals: each chunk weighs by 1 / its time. On absolute times the longest chunks decide, and the
 longest are those that also waited (a queue, a preemption). In the simulator, started from the true
 constants, that fit moved the KV constant to 0.02-5.2x the truth and prefill up to 40x; weighed,
@@ -40,6 +43,8 @@ from rollout_ext.balance.step_model import StepModel
 
 FIELDS = ("base_ms", "per_seq_us", "kv_read_ns_per_token", "prefill_us_per_token")
 _TO_S = np.array([1e-3, 1e-6, 1e-9, 1e-6])  # each field's unit in seconds
+BOUNDARY_SCALE_S = 1e-3  # the fit's unit for the per-chunk cost
+BOUNDARY_MAX_S = 60.0  # its clamp: a chunk whose fixed cost passes a minute is a stall, not a cost
 PRIOR_CHUNKS = 0.05  # the prior's weight, in typical chunks: it only keeps an early fit solvable
 RATIO_RANGE = (0.02, 50.0)
 MIN_CHUNKS = 32  # chunks before the first fit replaces the prior
@@ -60,18 +65,21 @@ class StepModelFit:
         # The fit runs on ratios to a scale: the prior's constant, or the default one where the prior says 0.
         fallback = np.array([getattr(StepModel(), f) for f in FIELDS])
         self._scale = np.where(prior_values > 0, prior_values, fallback)
-        self._unit = self._scale * _TO_S
-        # A typical chunk sets the ridge's weight: 1K tokens at half the slots and half the KV, and a
-        # 2K-token prefill, over its time under the prior (chunks weigh by 1 / time, see observe).
-        prior_ratio = prior_values / self._scale
+        # The per-chunk cost is a fifth unknown, in BOUNDARY_SCALE_S, with a prior of 0.
+        self._unit = np.append(self._scale * _TO_S, BOUNDARY_SCALE_S)
+        # A typical chunk sets the ridge's weight: 1K tokens at half the slots and half the KV, a
+        # 2K-token prefill and one boundary, over its time under the prior (chunks weigh by 1 / time,
+        # see observe).
+        prior_ratio = np.append(prior_values / self._scale, 0.0)
         typical = self._unit * np.array([1024.0, 1024.0 * prior.max_num_seqs / 2,
-                                         1024.0 * prior.kv_capacity_tokens / 2, 2048.0])
+                                         1024.0 * prior.kv_capacity_tokens / 2, 2048.0, 1.0])
         typical /= typical @ prior_ratio
         ridge = PRIOR_CHUNKS * typical * typical
         self._a = np.diag(ridge)
         self._b = ridge * prior_ratio  # pulled towards the prior
         self.chunks = 0
         self.model = prior
+        self.boundary_s = 0.0  # fitted cost of a chunk beyond its steps and prefill
 
     def observe(self, tokens: int, elapsed_s: float, batch: float, kv_tokens: float, prefill_tokens: float) -> None:
         """One chunk: `tokens` decoded in `elapsed_s`, beside `batch` sequences holding `kv_tokens`."""
@@ -79,7 +87,7 @@ class StepModelFit:
             return
         # Relative residuals: each chunk weighs by 1 / its time, so a chunk that waited far longer than
         # its steps (a queue, a preemption) does not drown the many short ones that pin the constants.
-        x = np.array([tokens, tokens * batch, tokens * kv_tokens, prefill_tokens]) * self._unit / elapsed_s
+        x = np.array([tokens, tokens * batch, tokens * kv_tokens, prefill_tokens, 1.0]) * self._unit / elapsed_s
         self._a += np.outer(x, x)
         self._b += x
         self.chunks += 1
@@ -87,9 +95,10 @@ class StepModelFit:
             self._refit()
 
     def _refit(self) -> None:
-        ratio = np.clip(np.linalg.solve(self._a, self._b), *RATIO_RANGE)
-        values = self._scale * ratio
+        solved = np.linalg.solve(self._a, self._b)
+        values = self._scale * np.clip(solved[:-1], *RATIO_RANGE)
         self.model = replace(self.prior, **{f: float(v) for f, v in zip(FIELDS, values)})
+        self.boundary_s = float(np.clip(solved[-1] * BOUNDARY_SCALE_S, 0.0, BOUNDARY_MAX_S))
 
     def ratios(self) -> dict[str, float]:
         """Fitted constant / its scale (the prior's constant where that is > 0), per field."""

@@ -32,8 +32,10 @@ removing a request is O(1).
 Chunk size. A boundary costs the sequence a round trip through the caller and a re-schedule on the
 engine; it buys only the option to move. `next_chunk_tokens` answers 0 (the rest in one piece) once
 a sequence has used its moves, and otherwise stretches the caller's chunk until the release ->
-acquire gap the policy measures on its clock is at most BOUNDARY_SHARE of the chunk's predicted
-decode time on its replica. Without a clock, or in the simulator (no gap), the chunk stays as given.
+acquire gap the policy measures on its clock, plus the per-chunk cost the step-model fit finds
+(the rest of the round trip and the engine's re-schedule), is at most BOUNDARY_SHARE of the chunk's
+predicted decode time on its replica. Without a clock, or where a boundary costs nothing (the
+simulator without a round trip), the chunk stays as given.
 
 Re-dispatch. At a chunk boundary, once no fresh work waits, a sequence moves to the replica that
 minimises the pair's predicted makespan, if the gain beats its re-prefill (prompt + generated) by
@@ -188,6 +190,12 @@ class TailAwarePolicy(CentralQueuePolicy):
         self._released_s: dict[str, float] = {}  # request -> its last unfinished release, caller's clock
         self._gap_s = 0.0  # mean release -> acquire gap at boundaries (recent GAP_WINDOW of them)
         self._gaps = 0
+
+    @property
+    def boundary_s(self) -> float:
+        """What a chunk boundary costs on its clock: the release -> acquire gap the policy sees, plus the
+        rest of the round trip and the engine's re-schedule, which the step-model fit measures."""
+        return self._gap_s + self.fit.boundary_s
 
     @property
     def model(self) -> StepModel:
@@ -377,6 +385,7 @@ class TailAwarePolicy(CentralQueuePolicy):
         out = super().snapshot()
         out["step_model_fit"] = {"chunks": self.fit.chunks, **self.fit.ratios()}
         out["boundary_gap_ms"] = round(1e3 * self._gap_s, 3)
+        out["boundary_ms"] = round(1e3 * self.boundary_s, 3)
         return out
 
     # ---- chunk size -----------------------------------------------------------------------
@@ -390,13 +399,13 @@ class TailAwarePolicy(CentralQueuePolicy):
 
     def next_chunk_tokens(self, request_id: str, chunk_tokens: int) -> int:
         """`chunk_tokens`, or more where a boundary would cost over BOUNDARY_SHARE of the chunk's decode
-        time on its replica (the measured gap over the fitted step time); 0 once it cannot move."""
+        time on its replica (`boundary_s` over the fitted step time); 0 once it cannot move."""
         chunk_tokens = super().next_chunk_tokens(request_id, chunk_tokens)
         home = self.where.get(request_id)
-        if chunk_tokens <= 0 or home is None or self._gap_s <= 0:
+        if chunk_tokens <= 0 or home is None or self.boundary_s <= 0:
             return chunk_tokens
         step_s = self.model.step_s(len(self.replicas[home]), self._inflight[home].resident)
-        return max(chunk_tokens, math.ceil(self._gap_s / (BOUNDARY_SHARE * step_s)))
+        return max(chunk_tokens, math.ceil(self.boundary_s / (BOUNDARY_SHARE * step_s)))
 
     # ---- re-dispatch ----------------------------------------------------------------------
     def _may_move(self, request_id: str) -> bool:

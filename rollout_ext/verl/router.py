@@ -117,6 +117,7 @@ class TailAwareRouter:
         self._epochs = 0
         # Chunks that ended on each replica with the sequence still unfinished (it may move next).
         self._open_releases: dict[str, int] = {}
+        self._cpu0_s = time.process_time()  # the router's own CPU, which competes with the engines' on a small host
         self.add_servers(servers)
 
     # ---- verl protocol ----------------------------------------------------------------------
@@ -200,6 +201,7 @@ class TailAwareRouter:
             "waiting": sum(1 for t in self._live.values() if t.waiter is not None and not t.waiter.done()),
             "acquires": self._acquires,
             "open_releases": dict(self._open_releases),
+            "router_cpu_s": round(time.process_time() - self._cpu0_s, 4),
             "policy": self.policy.snapshot(),
         }
 

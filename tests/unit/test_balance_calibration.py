@@ -124,3 +124,35 @@ def test_requests_placed_at_one_instant_start_their_chunks_together():
     assert batch == 8  # all eight ran from the start to its release (placed one by one: 1 at its placement)
     assert kv == pytest.approx(800 + 8 * 64 / 2)  # eight prompts, plus half a chunk of growth each
     assert prefill == 800  # it waited for all eight prefills
+
+
+@pytest.mark.parametrize("boundary_s", [0.0, 0.03])
+def test_fit_recovers_a_per_chunk_cost(boundary_s):
+    """A chunk's fixed cost (round trip, re-schedule) is a fifth unknown beside the step constants;
+    where chunks carry none, it fits to about zero (the control)."""
+    true = STEP_MODELS["default"]
+    fit = StepModelFit(off_by(true, 2.5))
+    for tokens, elapsed, batch, kv, prefill in _chunks(true, 400, seed=2):
+        fit.observe(tokens, elapsed + boundary_s, batch, kv, prefill)
+    assert fit.boundary_s == pytest.approx(boundary_s, abs=0.1 * max(boundary_s, 0.01))
+    for field in FIELDS[:3]:
+        assert getattr(fit.model, field) == pytest.approx(getattr(true, field), rel=0.05), (field, fit.ratios())
+
+
+@pytest.mark.parametrize("round_trip_s", [0.0, 2.0])
+def test_policy_learns_what_a_boundary_costs_and_stretches_its_chunks(round_trip_s):
+    """In the simulator every dispatch reaches its replica a round trip after the policy placed it:
+    the policy's chunk times carry it, the fit finds it, and chunks stretch until a boundary costs at
+    most BOUNDARY_SHARE of one (2 s against ~20 ms steps: ~5000 tokens, beyond the 1024 asked)."""
+    true = STEP_MODELS["default"]
+    cfg = WorkloadConfig(prompts=24, samples=16, mean_tokens=3500, cap_tokens=20480, icc=0.6, seed=4)
+    predictor = LengthPredictor()
+    warm_history(predictor, make_workload(cfg, epoch=-1))
+    policy = TailAwarePolicy(predictor=predictor, model=true)
+    res = simulate(make_workload(cfg), policy, 4, model=true, chunk_tokens=1024, clock=True,
+                   round_trip_s=round_trip_s)
+    assert policy.fit.boundary_s == pytest.approx(round_trip_s, abs=max(0.05 * round_trip_s, 0.01))
+    assert policy.snapshot()["boundary_ms"] == pytest.approx(1e3 * policy.boundary_s, abs=1e-3)
+    # 1108 boundaries without a round trip (measured); with it, about half: each sequence's first
+    # chunks run at 1024 until the fit has its MIN_CHUNKS, later ones stretch.
+    assert (res.boundaries < 800) == (round_trip_s > 0), res.boundaries

@@ -147,7 +147,7 @@ def test_verl_default_spreads_sticks_and_counts(report):
     assert report["inflight_2"] == 2
     assert report["inflight_after_out_of_order"] == 2
     assert report["inflight_0"] == 0 and report["finished"] == 2
-    assert {"servers", "total_inflight", "active_servers", "policy"} <= set(report["status_keys"])
+    assert {"servers", "total_inflight", "active_servers", "policy", "router_cpu_s"} <= set(report["status_keys"])
 
 
 def test_finished_request_id_starts_a_new_turn(report):
