@@ -12,9 +12,9 @@ the sequence's KV (its first chunk, or after a move), else none (the prefix cach
 what a chunk costs beyond its steps: the answer's way to the caller, the generate call, the
 engine's re-schedule, and the release's way back (on the tiny CPU replicas 20-140 ms, against a
 7-20 ms decode step; docs/router.md). It is not a property of a replica's steps, so it is kept
-beside the step model (`boundary_s`, clamped to [0, BOUNDARY_MAX_S]), with a prior of 0. The five
-constants are fitted by least squares on the ratio to the prior (`StepModel`), on relative
-residuals: each chunk weighs by 1 / its time. On absolute times the longest chunks decide, and the
+beside the step model (`boundary_s`, clamped to [0, BOUNDARY_MAX_S]), with a prior of 0. All five
+are fitted together by least squares (the four step constants on the ratio to the prior,
+`StepModel`), on relative residuals: each chunk weighs by 1 / its time. On absolute times the longest chunks decide, and the
 longest are those that also waited (a queue, a preemption). In the simulator, started from the true
 constants, that fit moved the KV constant to 0.02-5.2x the truth and prefill up to 40x; weighed,
 base lands at 0.94-1.23x, prefill 0.80-1.55x and KV 0.63-1.12x (0.15x for per_seq_heavy at R=16,

@@ -402,10 +402,11 @@ class TailAwarePolicy(CentralQueuePolicy):
         time on its replica (`boundary_s` over the fitted step time); 0 once it cannot move."""
         chunk_tokens = super().next_chunk_tokens(request_id, chunk_tokens)
         home = self.where.get(request_id)
-        if chunk_tokens <= 0 or home is None or self.boundary_s <= 0:
+        boundary_s = self.boundary_s
+        if chunk_tokens <= 0 or home is None or boundary_s <= 0:
             return chunk_tokens
         step_s = self.model.step_s(len(self.replicas[home]), self._inflight[home].resident)
-        return max(chunk_tokens, math.ceil(self.boundary_s / (BOUNDARY_SHARE * step_s)))
+        return max(chunk_tokens, math.ceil(boundary_s / (BOUNDARY_SHARE * step_s)))
 
     # ---- re-dispatch ----------------------------------------------------------------------
     def _may_move(self, request_id: str) -> bool:
