@@ -8,7 +8,9 @@ One policy object is driven the same way by the simulator and by a verl router a
         # -> replica id: send the next chunk there now
         # -> None: parked; the policy places it later (see take_ready)
     policy.release(request_id, replica_id, generated_tokens, finished, now_s=None)
-        # after every chunk; finished=True when the sequence ended (EOS or max_tokens)
+        # after every chunk; finished=True when the sequence ended (EOS or max_tokens).
+        # generated_tokens=None: the caller does not know (verl's plain client releases with the
+        # request id alone); the request leaves its replica and nothing is learned from it
         # now_s: the caller's clock in seconds (simulated time in the simulator, wall time in
         # the router). Optional; a policy that learns its replicas' speed needs it.
     policy.take_ready() -> [(request_id, replica_id), ...]
@@ -107,16 +109,21 @@ class Policy:
             self._place(request_id, replica)
         return replica
 
-    def release(self, request_id: str, replica_id: str, generated_tokens: int, finished: bool,
+    def release(self, request_id: str, replica_id: str, generated_tokens: int | None, finished: bool,
                 now_s: float | None = None) -> None:
         if now_s is not None:
             self.clock_s = now_s
         if self.where.get(request_id) != replica_id:
             return  # stale: the replica was removed and the request re-dispatched
         self._unplace(request_id)
-        self.generated[request_id] = generated_tokens
-        if self.predictor is not None:
-            self.predictor.observe(self.requests[request_id], generated_tokens, finished)
+        if generated_tokens is None:
+            # A length nobody reported must not teach the predictor a length of 0.
+            if not finished:
+                raise ValueError(f"release of {request_id}: generated_tokens=None is allowed only with finished=True")
+        else:
+            self.generated[request_id] = generated_tokens
+            if self.predictor is not None:
+                self.predictor.observe(self.requests[request_id], generated_tokens, finished)
         if finished:
             self.finished.add(request_id)
             self.home.pop(request_id, None)

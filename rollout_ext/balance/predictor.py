@@ -113,7 +113,7 @@ class LengthPredictor:
             rec = [request.prompt_hash, math.log(max(1, request.prompt_len)), [], request.max_tokens]
             self._epoch[request.group_key] = rec
             _trim(self._epoch, self.config.max_groups)
-        rec[2].append(length)
+        rec[2].append(max(1, length))  # an empty response (an abort) must not put log(0) in the refit
         seen = self._at_dispatch.pop(request.request_id, None)
         if seen is not None:
             err = math.log(max(1.0, seen[0]) / max(1, length))

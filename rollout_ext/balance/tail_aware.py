@@ -301,10 +301,15 @@ class TailAwarePolicy(CentralQueuePolicy):
         if rep.instant is not None and rep.instant.clock_s == self.clock_s:
             rep.instant.batch, rep.instant.resident = len(rep.rems), rep.resident
 
-    def release(self, request_id: str, replica_id: str, generated_tokens: int, finished: bool,
+    def release(self, request_id: str, replica_id: str, generated_tokens: int | None, finished: bool,
                 now_s: float | None = None) -> None:
         chunk = self._chunk.get(request_id)
         placed_here = self.where.get(request_id) == replica_id
+        if generated_tokens is None:  # an unknown length: the chunk tells the step model nothing either
+            self._released_s.pop(request_id, None)
+            super().release(request_id, replica_id, None, finished, now_s)
+            self._last_pred.pop(request_id, None)
+            return
         if placed_here:
             self._inflight[replica_id].ran(request_id, self.requests[request_id].prompt_len + generated_tokens)
         timed = now_s is not None and placed_here

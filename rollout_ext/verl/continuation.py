@@ -23,7 +23,9 @@ Per chunk:
 Exactness: greedy decoding continues token for token (tested across a forced move between two real
 replicas). Seeded sampling does not: every chunk restarts the request's generator. Text stop strings
 are not checked across chunk boundaries; use `stop_token_ids`. Multimodal requests, and routers
-that do not offer `chunk_tokens()`, are generated in one piece by verl's own code.
+without `acquire_chunk` (verl's own), are generated in one piece by verl's own code, whose release
+reports no length. With our router at chunk 0, the loop runs each request as one piece, so the
+router still learns its length.
 
 Selection: pass `client_cls=ChunkedLLMServerClient` to `LLMServerManager.get_client`; for
 rollout.name=rollout_ext jobs `get_client()` without a class returns it (patches/verl_chunked_client.py).
@@ -76,7 +78,9 @@ class ChunkedLLMServerClient(LLMServerClient):
                        **kwargs: Any) -> TokenOutput:
         chunk = await self.chunk_tokens()
         multimodal = any(x is not None for x in (image_data, video_data, audio_data, mm_processor_kwargs))
-        if chunk <= 0 or multimodal:
+        # A router without `acquire_chunk` (verl's own) needs no lengths: verl's code runs it. Ours
+        # learns lengths from releases, so with chunk 0 the loop below runs the request in one piece.
+        if multimodal or (chunk <= 0 and self._acquire_chunk is None):
             return await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params,
                                           image_data=image_data, video_data=video_data, audio_data=audio_data,
                                           mm_processor_kwargs=mm_processor_kwargs, **kwargs)

@@ -13,7 +13,10 @@ The policy (rollout_ext.balance) is plain Python; this actor only translates ver
   block other calls (verl's client awaits `acquire_server.remote(...)`, llm_server.py:81).
 - `release_server(server_id, request_id, generated_tokens=None, finished=None)`: verl's plain
   client passes only the ids, and one generate call is one whole turn, so a missing `finished`
-  means finished. `ChunkedLLMServerClient` (continuation.py) passes both fields after each chunk.
+  means finished. Its length is then unknown, and the policy learns nothing from it (before
+  session 17 it recorded a length of 0, which left the length predictor NaN after its refit).
+  `ChunkedLLMServerClient` (continuation.py) passes both fields after each chunk, and after the
+  one piece it runs where the router's chunk is 0.
 - A request id acquired again after it finished is a new turn of a multi-turn conversation; it
   becomes a new policy request (`<id>#<turn>`), since the policy never re-opens a finished one.
 - `remove_servers` hands the removed replicas' in-flight requests back to the policy; their
@@ -166,7 +169,10 @@ class TailAwareRouter:
             return  # the previous chunk's release, overtaken by this chunk's acquire (no chunk ends empty)
         if finished is None:
             finished = True  # verl's plain client: one generate call is the whole turn
-        self._release(turn, server_id, turn.generated if generated_tokens is None else generated_tokens, finished)
+        if generated_tokens is None and not finished:
+            generated_tokens = turn.generated  # a boundary without a count: the chunk's start
+        # None (finished): verl's plain client reports no length; the policy learns nothing from the turn.
+        self._release(turn, server_id, generated_tokens, finished)
 
     def add_servers(self, servers: dict[str, Any]) -> None:
         for server_id, handle in servers.items():
@@ -261,8 +267,10 @@ class TailAwareRouter:
                                    group))
         return turn
 
-    def _release(self, turn: _Turn, server_id: str, generated: int, finished: bool) -> None:
-        turn.server, turn.generated, turn.finished = None, generated, finished
+    def _release(self, turn: _Turn, server_id: str, generated: int | None, finished: bool) -> None:
+        turn.server, turn.finished = None, finished
+        if generated is not None:
+            turn.generated = generated
         if self._inflight.get(server_id, 0) > 0:
             self._inflight[server_id] -= 1
         self.policy.release(turn.key, server_id, generated, finished, time.monotonic())

@@ -7,7 +7,9 @@ verl's LLMServerManager, once for the module, and runs:
    that sends every chunk of a request to the other replica, so each chunk is a move;
 3. sticky: the same client behind TailAwareRouter (verl_default policy), which never moves a
    sequence, so its `acquire_chunk` asks for one piece per request;
-4. fault: TailAwareRouter (tail_aware policy); one replica actor is killed with ray.kill while
+4. lengths: TailAwareRouter (tail_aware, chunk 0) behind ChunkedLLMServerClient, which runs each
+   request in one piece and reports its length, and behind verl's own client, which does not;
+5. fault: TailAwareRouter (tail_aware policy); one replica actor is killed with ray.kill while
    its sequences are mid-generation.
 Lengths come from the test-only forced-EOS logits processor (rollout_ext.testing.forced_length);
 greedy decoding, log-probs on. The subprocess writes one JSON report that the tests read.
@@ -112,6 +114,13 @@ def _scenario(model: str) -> dict:
     sticky = make_router(manager, "verl_default", CHUNK, 16, tmp)
     report["sticky"] = asyncio.run(run_all(make_client(config, sticky), jobs))
 
+    # Lengths reach the router without chunks: our client at chunk 0 runs each request in one
+    # piece and reports its length; verl's own client reports none (the control).
+    for name, make in (("one_piece", lambda r: make_client(config, r)), ("plain", lambda r: LLMServerClient(config, r))):
+        lengths_router = make_router(manager, "tail_aware", 0, 16, tmp)
+        report[name] = asyncio.run(run_all(make(lengths_router), jobs))
+        report[f"{name}_status"] = ray.get(lengths_router.get_status.remote())
+
     # Fault: long sequences, one replica killed mid-rollout.
     fault_jobs = [{"request_id": f"f{i}", "prompt_ids": [5 + (31 * i + 7 * k) % 900 for k in range(8)],
                    "length": None} for i in range(8)]
@@ -188,6 +197,20 @@ def test_a_policy_that_never_moves_runs_each_request_in_one_piece(report):
         assert got["chunks"] == 1 and len(got["replicas"]) == 1
     # The control: PingPong (no acquire_chunk, the fixed 8-token chunk) did chunk them.
     assert any(got["chunks"] > 1 for got in report["pingpong"])
+
+
+def test_the_router_learns_lengths_only_from_clients_that_report_them(report):
+    # Chunk 0: one piece per request through ChunkedLLMServerClient, which reports each length.
+    for ref, got in zip(report["reference"], report["one_piece"]):
+        _same(got, ref)
+        assert got["chunks"] == 1
+    assert report["one_piece_status"]["policy"]["predictor"]["finished"] == len(_jobs())
+    # verl's plain client releases with the request id alone: its lengths are unknown, and the
+    # predictor must learn nothing from them (it used to learn a length of 0 from each).
+    for ref, got in zip(report["reference"], report["plain"]):
+        assert got["token_ids"] == ref["token_ids"]
+    assert report["plain_status"]["policy"]["predictor"] == {"finished": 0}
+    assert report["plain_status"]["policy"]["finished"] == len(_jobs())  # the slots were freed
 
 
 def test_killed_replica_loses_and_duplicates_nothing(report):

@@ -130,6 +130,42 @@ def test_remove_replica_returns_in_flight_requests():
     assert policy.load_tokens["b"] >= 0
 
 
+@pytest.mark.parametrize("length", [None, 0, 7])
+def test_a_release_without_a_length_frees_the_slot_and_teaches_nothing(length):
+    """verl's plain client releases with the request id alone (length None); an abort may end a
+    response at 0 tokens. Neither may leave the length predictor NaN after its refit."""
+    from rollout_ext.balance.request import Request
+
+    predictor = LengthPredictor()
+    policy = TailAwarePolicy(predictor=predictor, model=StepModel(max_num_seqs=4), slots_per_replica=4)
+    policy.add_replica("a")
+    for group in range(12):  # end_epoch refits from 8 or more groups of 2 or more
+        for sample in range(2):
+            rid = f"g{group}s{sample}"
+            policy.submit(Request(rid, f"g{group}", sample, 20, 100, f"h{group}"))
+            policy.acquire(rid, 0, now_s=0.0)  # parked in the central queue ...
+            assert policy.take_ready() == [(rid, "a")]  # ... and placed on the free slot
+            policy.release(rid, "a", length, True, now_s=1.0)
+    assert policy.snapshot()["finished"] == 24 and policy.snapshot()["in_flight"] == 0
+    assert predictor.calibration()["finished"] == (0 if length is None else 24)  # control: 7 is learned
+    assert policy.fit.chunks == (24 if length else 0)  # nor is the chunk timed (a 0-token chunk tells nothing)
+    predictor.end_epoch()
+    assert all(math.isfinite(x) for x in (predictor.mu0, predictor.beta, predictor.sd_a, predictor.sd_e))
+    fresh = Request("next", "g0-next", 0, 20, 100, "h0")
+    assert math.isfinite(predictor.remaining_tokens(fresh, 0))
+
+
+def test_an_unknown_length_is_refused_for_an_unfinished_chunk():
+    from rollout_ext.balance.request import Request
+
+    policy = VerlDefaultPolicy(seed=0)
+    policy.add_replica("a")
+    policy.submit(Request("q", "g", 0, 10, 100))
+    policy.acquire("q", 0)
+    with pytest.raises(ValueError, match="generated_tokens=None"):
+        policy.release("q", "a", None, False)
+
+
 def test_tail_aware_parks_then_places_longest_first():
     from rollout_ext.balance.request import Request
 
