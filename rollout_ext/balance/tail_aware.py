@@ -70,7 +70,7 @@ GAP_WINDOW = 64  # boundaries the measured gap averages over
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TailAwareConfig:
     redispatch: bool = True  # move sequences at chunk boundaries (False: placement only)
-    max_moves_per_request: int = 1  # moves per sequence (each costs a re-prefill)
+    max_moves_per_request: int = 2  # moves per sequence (each costs a re-prefill)
     move_margin: float = 0.03  # required predicted gain, as a share of the current finish
     move_rem_factor: float = 1.5  # a move is judged with the predicted remaining length x this
     mix_kv_factor: float = 1.0  # past this x KV capacity of predicted load, place the shortest instead (0: off)
