@@ -53,6 +53,7 @@ def _scenario(model: str) -> dict:
     import argparse
     import asyncio
     import tempfile
+    import time
 
     import ray
     from verl.workers.rollout.llm_server import LLMServerClient
@@ -119,7 +120,13 @@ def _scenario(model: str) -> dict:
     for name, make in (("one_piece", lambda r: make_client(config, r)), ("plain", lambda r: LLMServerClient(config, r))):
         lengths_router = make_router(manager, "tail_aware", 0, 16, tmp)
         report[name] = asyncio.run(run_all(make(lengths_router), jobs))
-        report[f"{name}_status"] = ray.get(lengths_router.get_status.remote())
+        # verl's client releases fire-and-forget: wait (at most 10 s) for the last ones to land.
+        deadline = time.monotonic() + 10.0
+        while True:
+            report[f"{name}_status"] = ray.get(lengths_router.get_status.remote())
+            if report[f"{name}_status"]["policy"]["finished"] >= len(jobs) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
 
     # Fault: long sequences, one replica killed mid-rollout.
     fault_jobs = [{"request_id": f"f{i}", "prompt_ids": [5 + (31 * i + 7 * k) % 900 for k in range(8)],
