@@ -111,16 +111,15 @@ class Policy:
 
     def release(self, request_id: str, replica_id: str, generated_tokens: int | None, finished: bool,
                 now_s: float | None = None) -> None:
+        if generated_tokens is None and not finished:
+            raise ValueError(f"release of {request_id}: generated_tokens=None is allowed only with finished=True")
         if now_s is not None:
             self.clock_s = now_s
         if self.where.get(request_id) != replica_id:
             return  # stale: the replica was removed and the request re-dispatched
         self._unplace(request_id)
-        if generated_tokens is None:
-            # A length nobody reported must not teach the predictor a length of 0.
-            if not finished:
-                raise ValueError(f"release of {request_id}: generated_tokens=None is allowed only with finished=True")
-        else:
+        # A length nobody reported (None) must not teach the predictor a length of 0.
+        if generated_tokens is not None:
             self.generated[request_id] = generated_tokens
             if self.predictor is not None:
                 self.predictor.observe(self.requests[request_id], generated_tokens, finished)

@@ -108,19 +108,20 @@ class LengthPredictor:
             self._record_finish(request, generated_tokens)
 
     def _record_finish(self, request: Request, length: int) -> None:
+        length = max(1, length)  # an empty response (an abort) must not put log(0) in the refit
         rec = self._epoch.get(request.group_key)
         if rec is None:
             rec = [request.prompt_hash, math.log(max(1, request.prompt_len)), [], request.max_tokens]
             self._epoch[request.group_key] = rec
             _trim(self._epoch, self.config.max_groups)
-        rec[2].append(max(1, length))  # an empty response (an abort) must not put log(0) in the refit
+        rec[2].append(length)
         seen = self._at_dispatch.pop(request.request_id, None)
         if seen is not None:
-            err = math.log(max(1.0, seen[0]) / max(1, length))
+            err = math.log(max(1.0, seen[0]) / length)
             self._calib[0] += 1
             self._calib[1] += abs(err)
             self._calib[2] += err
-            self._calib[3] += abs(math.log(max(1.0, seen[1]) / max(1, length)))
+            self._calib[3] += abs(math.log(max(1.0, seen[1]) / length))
 
     # ---- prediction -----------------------------------------------------------------------
     def remaining_tokens(self, request: Request, generated_tokens: int) -> float:

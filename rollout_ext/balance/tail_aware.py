@@ -305,15 +305,12 @@ class TailAwarePolicy(CentralQueuePolicy):
                 now_s: float | None = None) -> None:
         chunk = self._chunk.get(request_id)
         placed_here = self.where.get(request_id) == replica_id
-        if generated_tokens is None:  # an unknown length: the chunk tells the step model nothing either
-            self._released_s.pop(request_id, None)
-            super().release(request_id, replica_id, None, finished, now_s)
-            self._last_pred.pop(request_id, None)
-            return
-        if placed_here:
+        # None: the caller does not know the length, so the chunk tells the step model nothing either.
+        counted = placed_here and generated_tokens is not None
+        if counted:
             self._inflight[replica_id].ran(request_id, self.requests[request_id].prompt_len + generated_tokens)
-        timed = now_s is not None and placed_here
-        if timed and finished:
+        timed = now_s is not None and counted
+        if finished and placed_here:
             self._released_s.pop(request_id, None)
         elif timed:
             self._released_s[request_id] = now_s
