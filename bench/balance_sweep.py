@@ -2,7 +2,9 @@
 
 Every cell is one workload (a DAPO batch with long-tailed, group-correlated lengths) simulated on R
 replicas whose step time follows one of the step models in `STEP_MODELS` (the project default,
-KV-heavy, per-sequence-heavy). Per cell it runs:
+KV-heavy, per-sequence-heavy), on replicas of equal speed or, with --replica-speeds, of unequal speed
+(`REPLICA_SPEEDS` in rollout_ext/balance/simulator.py: one replica 1.5x slower, or 0.8x..1.25x). Per
+cell it runs:
 - verl_default with --verl-seeds tie-break seeds; its mean makespan is the baseline, because single
   runs swing by several percent;
 - tail_aware_placement and tail_aware, whose predictor is warmed with one previous epoch.
@@ -46,8 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rollout_balance import make_policy  # noqa: E402
 
 from rollout_ext.balance.calibration import off_by  # noqa: E402
-from rollout_ext.balance.simulator import simulate  # noqa: E402
-from rollout_ext.balance.step_model import STEP_MODELS, StepModel, lower_bound_dl_s, lower_bound_s  # noqa: E402
+from rollout_ext.balance.simulator import REPLICA_SPEEDS, simulate  # noqa: E402
+from rollout_ext.balance.step_model import STEP_MODELS, StepModel, lower_bound_dl_s, lower_bound_s, scaled  # noqa: E402
 from rollout_ext.balance.workload import WorkloadConfig, make_workload  # noqa: E402
 
 POLICIES = ("tail_aware_placement", "tail_aware")
@@ -67,6 +69,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--step-models", default=",".join(STEP_MODELS), help=f"from {', '.join(STEP_MODELS)}")
     p.add_argument("--replicas", default="4,16,64,128")
+    p.add_argument("--replica-speeds", default="equal", help=f"from {', '.join(REPLICA_SPEEDS)}")
     p.add_argument("--iccs", default="0.3,0.85")
     p.add_argument("--caps", default="20480")
     p.add_argument("--seeds", type=int, default=2, help="workload seeds per (step model, R, ICC, cap)")
@@ -91,6 +94,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     a = p.parse_args(argv)
     a.model_list = _list("--step-models", a.step_models, str, lambda v: v in STEP_MODELS, ", ".join(STEP_MODELS))
     a.replica_list = _list("--replicas", a.replicas, int, lambda v: v >= 1, "integers >= 1")
+    a.speeds_list = _list("--replica-speeds", a.replica_speeds, str, lambda v: v in REPLICA_SPEEDS,
+                          ", ".join(REPLICA_SPEEDS))
     a.icc_list = _list("--iccs", a.iccs, float, lambda v: 0 <= v <= 1, "numbers in [0, 1]")
     a.cap_list = _list("--caps", a.caps, int, lambda v: v > a.mean_len, f"integers > --mean-len ({a.mean_len})")
     if a.prior_error <= 0:
@@ -112,14 +117,18 @@ def run_cell(cell: dict) -> dict:
                          cap_tokens=cell["cap_tokens"], icc=cell["icc"], seed=cell["seed"])
     workload, previous = make_workload(cfg, epoch=0), make_workload(cfg, epoch=-1)
     replicas = cell["replicas"]
-    t_star = lower_bound_s(workload.lengths, workload.prompt_tokens, replicas, model)
-    t_dl = lower_bound_dl_s(workload.lengths, workload.prompt_tokens, replicas, model)
+    speeds = REPLICA_SPEEDS[cell["replica_speeds"]](replicas)
+    # The bounds assume equal replicas: built on the fastest one, they stay bounds.
+    fastest = scaled(model, min(speeds))
+    t_star = lower_bound_s(workload.lengths, workload.prompt_tokens, replicas, fastest)
+    t_dl = lower_bound_dl_s(workload.lengths, workload.prompt_tokens, replicas, fastest)
     started = time.perf_counter()
 
     def run(name: str, seed: int):
         policy = make_policy(name, workload, previous, policy_model, seed)
         return simulate(workload, policy, replicas, model=model, chunk_tokens=cell["chunk_tokens"],
-                        clock=cell["clock"], round_trip_s=cell["round_trip_ms"] * 1e-3)
+                        clock=cell["clock"], round_trip_s=cell["round_trip_ms"] * 1e-3,
+                        speeds=speeds)
 
     verl = [run("verl_default", seed).makespan_s for seed in range(cell["verl_seeds"])]
     makespan = {"verl_default": statistics.fmean(verl)}
@@ -161,9 +170,14 @@ def summarize(rows: list[dict], target: float) -> dict:
 
     out = {name: entry([r for r in rows if r["step_model"] == name])
            for name in dict.fromkeys(r["step_model"] for r in rows)}
+    speeds = {name: entry([r for r in rows if _speeds(r) == name]) for name in dict.fromkeys(map(_speeds, rows))}
     overall = entry(rows)
     overall["pass"] = overall["cells_above_1"] == 0 and overall["vs_verl_geo"] <= target
-    return {"per_step_model": out, "overall": overall, "target": target}
+    return {"per_step_model": out, "per_replica_speeds": speeds, "overall": overall, "target": target}
+
+
+def _speeds(row: dict) -> str:
+    return row.get("replica_speeds", "equal")  # sweeps before the axis ran equal replicas
 
 
 def summary_lines(summary: dict) -> list[str]:
@@ -171,7 +185,9 @@ def summary_lines(summary: dict) -> list[str]:
             f"  {'TA/T* geo':>9} {'worst':>6}  {'TA/T*dl geo':>11} {'worst':>6}  {'verl/T*dl':>9}")
     oracle = "oracle_vs_verl_geo" in summary["overall"]
     lines = [head + (f"  {'oracle/verl':>11}" if oracle else "")]
-    for name, e in [*summary["per_step_model"].items(), ("all", summary["overall"])]:
+    speeds = summary.get("per_replica_speeds", {})
+    by_speeds = [(f"speeds {name}", e) for name, e in speeds.items()] if len(speeds) > 1 else []
+    for name, e in [*summary["per_step_model"].items(), *by_speeds, ("all", summary["overall"])]:
         lines.append(f"{name:<14} {e['cells']:>5}  {e['vs_verl_geo']:>11.3f} {e['vs_verl_worst']:>6.3f} "
                      f"{e['cells_above_1']:>3}  {e['placement_vs_verl_geo']:>12.3f}  {e['vs_t_star_geo']:>9.3f} "
                      f"{e['vs_t_star_worst']:>6.3f}  {e['vs_t_dl_geo']:>11.3f} {e['vs_t_dl_worst']:>6.3f}  "
@@ -182,12 +198,16 @@ def summary_lines(summary: dict) -> list[str]:
 CELL_KEY = ("step_model", "replicas", "icc", "cap_tokens", "seed", "prompts", "samples", "chunk_tokens")
 
 
+def _cell_key(row: dict) -> tuple:
+    return (*(row[k] for k in CELL_KEY), _speeds(row))
+
+
 def compare_lines(rows: list[dict], other_rows: list[dict]) -> list[str]:
     """tail_aware's makespan here over the same cell's in `other_rows`, per step model."""
-    other = {tuple(r[k] for k in CELL_KEY): r for r in other_rows}
+    other = {_cell_key(r): r for r in other_rows}
     pairs: dict[str, list[float]] = {}
     for row in rows:
-        match = other.get(tuple(row[k] for k in CELL_KEY))
+        match = other.get(_cell_key(row))
         if match is not None:
             pairs.setdefault(row["step_model"], []).append(
                 row["makespan_s"]["tail_aware"] / match["makespan_s"]["tail_aware"])
@@ -202,24 +222,24 @@ def compare_lines(rows: list[dict], other_rows: list[dict]) -> list[str]:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    cells = [{"step_model": m, "replicas": r, "icc": icc, "cap_tokens": cap, "seed": a.seed + k,
+    cells = [{"step_model": m, "replica_speeds": sp, "replicas": r, "icc": icc, "cap_tokens": cap, "seed": a.seed + k,
               "prompts": a.prompts, "samples": a.samples, "mean_len": a.mean_len, "chunk_tokens": a.chunk_tokens,
               "verl_seeds": a.verl_seeds, "policy_model": a.policy_model, "prior_error": a.prior_error,
               "clock": not a.no_clock, "oracle": a.oracle, "round_trip_ms": a.round_trip_ms}
-             for m in a.model_list for r in a.replica_list for icc in a.icc_list for cap in a.cap_list
-             for k in range(a.seeds)]
+             for sp in a.speeds_list for m in a.model_list for r in a.replica_list for icc in a.icc_list
+             for cap in a.cap_list for k in range(a.seeds)]
     print(f"{len(cells)} cells: {a.prompts}x{a.samples} prompts, mean {a.mean_len:.0f}, chunk {a.chunk_tokens}, "
           f"verl_default over {a.verl_seeds} seeds, policies given the {a.policy_model} step model"
           + (f" (x{a.prior_error} alternating)" if a.policy_model == "off" else "")
           + (", no clock" if a.no_clock else ", calibrated from the clock")
           + (f", {a.round_trip_ms:g} ms round trip per dispatch" if a.round_trip_ms else "") + f", {a.jobs} jobs")
-    print(f"{'#':>3} {'step model':<14} {'R':>4} {'icc':>5} {'cap':>6} {'seed':>4}  {'verl±spread':>12} "
+    print(f"{'#':>3} {'step model':<14} {'speeds':<9} {'R':>4} {'icc':>5} {'cap':>6} {'seed':>4}  {'verl±spread':>12} "
           f"{'TAplace/verl':>12} {'TA/verl':>8} {'TA/T*dl':>8} {'moves':>6}  wall")
     rows, started = [], time.perf_counter()
     with ProcessPoolExecutor(max_workers=a.jobs) as pool:
         for i, row in enumerate(pool.map(run_cell, cells), 1):
             rows.append(row)
-            print(f"{i:>3} {row['step_model']:<14} {row['replicas']:>4} {row['icc']:>5} {row['cap_tokens']:>6} "
+            print(f"{i:>3} {row['step_model']:<14} {row['replica_speeds']:<9} {row['replicas']:>4} {row['icc']:>5} {row['cap_tokens']:>6} "
                   f"{row['seed']:>4}  {row['vs_t_dl']['verl_default']:>6.3f}±{row['verl_default_spread'] / 2:<5.3f}"
                   f"{row['vs_verl']['tail_aware_placement']:>12.3f} {row['vs_verl']['tail_aware']:>8.3f} "
                   f"{row['vs_t_dl']['tail_aware']:>8.3f} {row['moves']['tail_aware']:>6}  {row['wall_s']:.0f} s",

@@ -41,9 +41,9 @@ from dataclasses import replace
 
 import numpy as np
 
+from rollout_ext.balance.step_model import TIMING_FIELDS as FIELDS
 from rollout_ext.balance.step_model import StepModel
 
-FIELDS = ("base_ms", "per_seq_us", "kv_read_ns_per_token", "prefill_us_per_token")
 _TO_S = np.array([1e-3, 1e-6, 1e-9, 1e-6])  # each field's unit in seconds
 BOUNDARY_SCALE_S = 1e-3  # the fit's unit for the per-chunk cost
 BOUNDARY_MAX_S = 60.0  # its clamp: a chunk whose fixed cost passes a minute is a stall, not a cost

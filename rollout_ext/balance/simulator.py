@@ -16,6 +16,10 @@ it and acquires again (like the chunked-continuation router), if the policy may 
 replica, the sequence moves there and pays a re-prefill; if it answers None, it is parked
 until the policy places it (`take_ready`).
 
+Replica speeds (`speeds`, default all 1): real replicas are not all alike (a degraded device, a
+throttled node, a noisy neighbour on the host). Replica i runs every step and prefill `speeds[i]`
+times as long as the step model says; `REPLICA_SPEEDS` names the profiles the benches sweep.
+
 Round trip (`round_trip_s`, default 0): on real replicas work reaches an engine only after the
 caller hears the policy's answer and sends it (acquire, then the generate call). With
 round_trip_s > 0, every dispatch arrives at its replica's queue that long after the policy placed
@@ -35,8 +39,21 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rollout_ext.balance.request import Request
-from rollout_ext.balance.step_model import StepModel
+from rollout_ext.balance.step_model import StepModel, scaled
 from rollout_ext.balance.workload import Workload
+
+
+def _one_slow(replicas: int) -> list[float]:
+    # The slow one sits mid-list: a policy's tie-breaks favour the first replicas.
+    return [1.5 if i == replicas // 2 else 1.0 for i in range(replicas)]
+
+
+# Per-replica step-time factors, by name: a function of the replica count.
+REPLICA_SPEEDS = {
+    "equal": lambda replicas: [1.0] * replicas,
+    "one_slow": _one_slow,  # one replica 1.5x slower (a degraded device)
+    "spread": lambda replicas: [0.8 + 0.45 * i / max(1, replicas - 1) for i in range(replicas)],  # 0.8x .. 1.25x
+}
 
 
 @dataclass
@@ -94,11 +111,12 @@ class _Seq:
 
 
 class _Replica:
-    __slots__ = ("rid", "time_s", "step", "kv", "running", "waiting", "targets", "version",
+    __slots__ = ("rid", "model", "time_s", "step", "kv", "running", "waiting", "targets", "version",
                  "event_step", "busy_since", "alive")
 
-    def __init__(self, rid: str) -> None:
+    def __init__(self, rid: str, model: StepModel) -> None:
         self.rid = rid
+        self.model = model  # this replica's step times
         self.time_s = 0.0
         self.step = 0
         self.kv = 0
@@ -114,9 +132,12 @@ class _Replica:
 class Simulator:
     def __init__(self, workload: Workload, policy, replicas: int, *, model: StepModel | None = None,
                  chunk_tokens: int = 2048, kv_watermark: float = 0.01, clock: bool = True,
-                 round_trip_s: float = 0.0) -> None:
+                 round_trip_s: float = 0.0, speeds=None) -> None:
         if replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {replicas}")
+        speeds = [1.0] * replicas if speeds is None else [float(x) for x in speeds]
+        if len(speeds) != replicas or not all(x > 0 for x in speeds):
+            raise ValueError(f"speeds must be {replicas} factors > 0 (one per replica), got {speeds}")
         if chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
         if not round_trip_s >= 0:
@@ -129,7 +150,7 @@ class Simulator:
         self.chunk_tokens = chunk_tokens
         self.clock = clock  # pass simulated time to the policy (False: a policy without a clock)
         self.kv_limit = int(self.model.kv_capacity_tokens * (1 - kv_watermark))
-        self.reps = {f"r{i}": _Replica(f"r{i}") for i in range(replicas)}
+        self.reps = {f"r{i}": _Replica(f"r{i}", scaled(self.model, speed)) for i, speed in enumerate(speeds)}
         self.seqs = {
             rid: _Seq(rid, int(p), int(n))
             for rid, p, n in zip(workload.request_ids, workload.prompt_tokens, workload.lengths)
@@ -197,7 +218,7 @@ class Simulator:
         if steps <= 0:
             return
         batch = len(rep.running)
-        rep.time_s += self.model.steps_s(batch, rep.kv, steps)
+        rep.time_s += rep.model.steps_s(batch, rep.kv, steps)
         rep.kv += batch * steps
         rep.step += steps
 
@@ -279,7 +300,7 @@ class Simulator:
             seq.join_step = rep.step
             self._set_target(rep, seq)
         if prefill_tokens:
-            rep.time_s += self.model.prefill_s(prefill_tokens)
+            rep.time_s += rep.model.prefill_s(prefill_tokens)
 
     def _kick(self, rep: _Replica, now: float) -> None:
         """Admit waiting work and schedule the replica's next event (or mark it idle)."""
@@ -310,7 +331,7 @@ class Simulator:
 
     def _schedule(self, rep: _Replica, step: int) -> None:
         rep.event_step = step
-        time_s = rep.time_s + self.model.steps_s(len(rep.running), rep.kv, step - rep.step)
+        time_s = rep.time_s + rep.model.steps_s(len(rep.running), rep.kv, step - rep.step)
         heapq.heappush(self._events, (time_s, next(self._tiebreak), "step", rep.rid, rep.version))
 
     def _dispatch(self, rid: str, replica_id: str, touched: set, now: float) -> None:
@@ -343,7 +364,7 @@ class Simulator:
             if not rep.running:
                 self._kick(rep, now)
                 continue
-            done = self.model.steps_within_s(len(rep.running), rep.kv, now - rep.time_s)
+            done = rep.model.steps_within_s(len(rep.running), rep.kv, now - rep.time_s)
             step = rep.step + done + 1
             if step < rep.event_step:
                 rep.version += 1
@@ -360,7 +381,7 @@ class Simulator:
         if not rep.alive:
             return
         if rep.running:
-            done = self.model.steps_within_s(len(rep.running), rep.kv, now - rep.time_s)
+            done = rep.model.steps_within_s(len(rep.running), rep.kv, now - rep.time_s)
             self._advance(rep, min(done, max(0, rep.event_step - rep.step)))
         for seq in rep.running.values():
             seq.generated += rep.step - seq.join_step

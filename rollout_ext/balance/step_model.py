@@ -59,7 +59,7 @@ the sum of square roots, which keeps the bound a bound.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -130,6 +130,16 @@ class StepModel:
         ctx = max(1.0, mean_context_tokens)
         batch = max(1, min(self.max_num_seqs, int(self.kv_capacity_tokens // ctx)))
         return batch / self.step_s(batch, batch * ctx)
+
+
+TIMING_FIELDS = ("base_ms", "per_seq_us", "kv_read_ns_per_token", "prefill_us_per_token")
+
+
+def scaled(model: StepModel, factor: float) -> StepModel:
+    """`model` on a replica that runs every step and prefill `factor` times as long."""
+    if factor == 1.0:
+        return model
+    return replace(model, **{f: getattr(model, f) * factor for f in TIMING_FIELDS})
 
 
 # Cost models the benches sweep: a policy must win on hardware it was not tuned for.

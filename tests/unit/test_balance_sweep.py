@@ -55,9 +55,32 @@ def test_compare_pairs_cells_with_another_sweep(repo_root, tmp_path):
     assert bad.endswith("--round-trip-ms=-5.0; allowed: a number >= 0")
 
 
+def test_sweep_runs_replicas_of_unequal_speed(repo_root, tmp_path):
+    out = tmp_path / "speeds.json"
+    proc = _sweep(repo_root, "--prompts", "6", "--samples", "4", "--replicas", "3", "--iccs", "0.3", "--seeds", "1",
+                  "--verl-seeds", "2", "--jobs", "1", "--replica-speeds", "equal,one_slow,spread", "--json", str(out))
+    assert proc.returncode in (0, 1), proc.stderr
+    data = json.loads(out.read_text())
+    assert sorted(r["replica_speeds"] for r in data["rows"]) == ["equal"] * 3 + ["one_slow"] * 3 + ["spread"] * 3
+    per_speeds = data["summary"]["per_replica_speeds"]
+    assert {name: e["cells"] for name, e in per_speeds.items()} == {"equal": 3, "one_slow": 3, "spread": 3}
+    # Built on the fastest replica, the bounds hold where some replicas run faster than the step model.
+    for row in data["rows"]:
+        assert min(row["makespan_s"].values()) >= max(row["t_star_s"], row["t_dl_s"]) * (1 - 1e-9), row
+    assert "speeds one_slow" in proc.stdout and "speeds equal" in proc.stdout
+    # The same cells on one slow replica take longer for verl_default (control: the axis reaches the simulator).
+    verl = {(r["replica_speeds"], r["step_model"]): r["makespan_s"]["verl_default"] for r in data["rows"]}
+    assert all(verl[("one_slow", m)] > verl[("equal", m)] for _, m in verl)
+    spread = {r["step_model"]: r["t_dl_s"] for r in data["rows"] if r["replica_speeds"] == "spread"}
+    equal = {r["step_model"]: r["t_dl_s"] for r in data["rows"] if r["replica_speeds"] == "equal"}
+    assert all(spread[m] < equal[m] for m in equal)  # the fastest replica there is 0.8x the step model
+
+
 def test_sweep_rejects_a_bad_list(repo_root):
     proc = _sweep(repo_root, "--iccs", "0.3,high")
     assert proc.returncode != 0
     assert "--iccs='0.3,high'" in proc.stderr
     proc = _sweep(repo_root, "--step-models", "default,gpu")
     assert proc.returncode != 0 and "--step-models='default,gpu'; allowed: default, kv_heavy, per_seq_heavy" in proc.stderr
+    proc = _sweep(repo_root, "--replica-speeds", "equal,fast")
+    assert proc.returncode != 0 and "--replica-speeds='equal,fast'; allowed: equal, one_slow, spread" in proc.stderr
