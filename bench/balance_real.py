@@ -184,6 +184,7 @@ def run_real(a) -> dict:
                 "boundary_acquire_ms": _per_boundary_ms(outs),
                 "boundary_gap_ms": status["policy"].get("boundary_gap_ms"),  # what the policy saw
                 "boundary_ms": status["policy"].get("boundary_ms"),  # gap + the fitted per-chunk cost
+                "replica_speed": status["policy"].get("replica_speed"),  # each replica's, beside the others
                 "router_cpu_s": round(status["router_cpu_s"] - cpu0_s, 3),  # the measured batch only
                 "wrong_lengths": sum(len(o.token_ids) != j["length"] for j, o in zip(measured, outs)),
                 "predictor": status["policy"].get("predictor"),
@@ -214,6 +215,7 @@ def run_real(a) -> dict:
                 "boundary_gap_ms": [r["boundary_gap_ms"] for r in reps],
                 "boundary_ms": [r["boundary_ms"] for r in reps],
                 "router_cpu_s": [r["router_cpu_s"] for r in reps],
+                "replica_speed": [r["replica_speed"] for r in reps],
                 "wrong_lengths": sum(r["wrong_lengths"] for r in reps),
                 "predictor": reps[-1]["predictor"],
             })

@@ -19,6 +19,12 @@ Step model. The constants given (`model`) are a prior: with a clock (`now_s` on 
 release), every chunk's time refines them (rollout_ext/balance/calibration.py), and the policy
 plans with the fitted model (`policy.model`).
 
+Replica speeds. The fitted step model is one for all replicas; real replicas are not all alike. Each
+replica's steps between its releases, timed on the clock, tell whether it runs slower than the
+others, and by how much (rollout_ext/balance/speeds.py). Its predicted finish, and the time a
+re-prefill costs there, are scaled by that speed, and the head of the queue goes to the free replica
+where its work ends first in time, not in tokens.
+
 Predicted finish time of a replica, from the step model and the in-flight requests' predicted
 remaining tokens r_i and contexts c_i, both aged to the steps the replica has run since each was
 recorded (`_Replica`; all start now, nothing is added):
@@ -58,6 +64,7 @@ from dataclasses import dataclass
 
 from rollout_ext.balance.calibration import StepModelFit
 from rollout_ext.balance.policy import CentralQueuePolicy
+from rollout_ext.balance.speeds import ReplicaSpeeds
 from rollout_ext.balance.step_model import StepModel
 
 
@@ -65,6 +72,9 @@ from rollout_ext.balance.step_model import StepModel
 # until it holds. A boundary only buys the option to move, so its cost must stay in the noise.
 BOUNDARY_SHARE = 0.02
 GAP_WINDOW = 64  # boundaries the measured gap averages over
+# An interval counts towards its replica's speed (rollout_ext/balance/speeds.py) only if its prefills
+# are at most this share of its decode time: the prefill constant is the fit's least determined one.
+SPEED_PREFILL_SHARE = 0.1
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -117,7 +127,8 @@ class _Replica:
     share, the first one judged saw its neighbours a chunk stale and moved, and the next one moved
     onto the replica it had left (docs/router.md, "Aged remaining lengths")."""
 
-    __slots__ = ("rems", "steps", "resident", "prefilled", "instant", "movers", "_sums")
+    __slots__ = ("rems", "steps", "resident", "prefilled", "instant", "movers", "_sums", "speed", "mark",
+                 "placed_steps")
 
     def __init__(self) -> None:
         # request -> (remaining tokens, alpha, context, replica step), as of its placement
@@ -128,17 +139,27 @@ class _Replica:
         self.instant: _Instant | None = None  # the latest clock at which requests were placed here
         self.movers = 0  # in-flight requests that moved here
         self._sums: tuple[float, float, float] | None = None  # (sum rem, sum KV token-steps, peak), aged
+        self.speed = 1.0  # its step time over the fitted model's, beside the other replicas (speeds.py)
+        self.mark: tuple[float, float, float] | None = None  # (clock, steps, prefilled) at its last release
+        self.placed_steps = 0.0  # sum over the in-flight requests of `steps` at their placement
 
     def add(self, request_id: str, rem: float, ctx: float, alpha: float = 1.0) -> None:
         self.rems[request_id] = (rem, alpha, ctx, self.steps)
         self.resident += ctx
+        self.placed_steps += self.steps
         self._sums = None
 
     def remove(self, request_id: str) -> None:
-        _, _, ctx, _ = self.rems.pop(request_id)
+        _, _, ctx, step = self.rems.pop(request_id)
         # Clamp: float round-off must never leave a negative sum behind.
         self.resident = max(0.0, self.resident - ctx) if self.rems else 0.0
+        self.placed_steps = self.placed_steps - step if self.rems else 0.0
         self._sums = None
+
+    def kv_now(self) -> float:
+        """Resident KV tokens now: each in-flight request's context at placement, plus a token for
+        every step the replica ran since."""
+        return self.resident + len(self.rems) * self.steps - self.placed_steps
 
     def ran(self, request_id: str, ctx: float) -> None:
         """A request placed here reports its context `ctx`: the replica ran a step for every token it
@@ -190,6 +211,7 @@ class TailAwarePolicy(CentralQueuePolicy):
         self._released_s: dict[str, float] = {}  # request -> its last unfinished release, caller's clock
         self._gap_s = 0.0  # mean release -> acquire gap at boundaries (recent GAP_WINDOW of them)
         self._gaps = 0
+        self.speeds = ReplicaSpeeds()  # each replica's speed beside the others, from the clock
 
     @property
     def boundary_s(self) -> float:
@@ -206,10 +228,12 @@ class TailAwarePolicy(CentralQueuePolicy):
     def add_replica(self, replica_id: str) -> None:
         super().add_replica(replica_id)
         self._inflight.setdefault(replica_id, _Replica())
+        self.speeds.add_replica(replica_id)
 
     def remove_replica(self, replica_id: str) -> list[str]:
         orphans = super().remove_replica(replica_id)
         self._inflight.pop(replica_id, None)
+        self.speeds.remove_replica(replica_id)
         return orphans
 
     def submit(self, request) -> None:
@@ -257,7 +281,8 @@ class TailAwarePolicy(CentralQueuePolicy):
         m = self.model
         sum_rem, sum_kv, peak = rep.sums()
         steps = max(peak, add_rem, (sum_rem + add_rem) / self.slots_per_replica)
-        return m.base_ms * 1e-3 * steps + m.per_seq_us * 1e-6 * (sum_rem + add_rem) + m.kv_s * (sum_kv + add_kv)
+        return rep.speed * (m.base_ms * 1e-3 * steps + m.per_seq_us * 1e-6 * (sum_rem + add_rem)
+                            + m.kv_s * (sum_kv + add_kv))
 
     def _ctx(self, request_id: str) -> float:
         return self.requests[request_id].prompt_len + self.generated[request_id]
@@ -277,6 +302,8 @@ class TailAwarePolicy(CentralQueuePolicy):
                 rep.instant = _Instant(self.clock_s, rep.prefilled)
             self._chunk[request_id] = (rep.instant, self.generated[request_id])
             self._note_instant(rep)
+            if len(rep.rems) == 1:  # it was empty: its time starts counting now (_time_replica)
+                rep.mark = (self.clock_s, rep.steps, rep.prefilled)
         rep.prefilled += prefill
 
     def _alpha(self, request_id: str, rem: float) -> float:
@@ -296,6 +323,8 @@ class TailAwarePolicy(CentralQueuePolicy):
         rep.movers -= bool(self._moved.get(request_id))
         self._chunk.pop(request_id, None)
         self._note_instant(rep)
+        if not rep.rems:
+            rep.mark = None  # time it sits empty is not step time
 
     def _note_instant(self, rep: _Replica) -> None:
         if rep.instant is not None and rep.instant.clock_s == self.clock_s:
@@ -314,6 +343,8 @@ class TailAwarePolicy(CentralQueuePolicy):
             self._released_s.pop(request_id, None)
         elif timed:
             self._released_s[request_id] = now_s
+        if timed:
+            self._time_replica(replica_id, now_s)
         if chunk is not None and timed:
             start, start_tokens = chunk
             rep = self._inflight[replica_id]
@@ -330,6 +361,26 @@ class TailAwarePolicy(CentralQueuePolicy):
         super().release(request_id, replica_id, generated_tokens, finished, now_s)
         if finished:
             self._last_pred.pop(request_id, None)
+
+    def _time_replica(self, replica_id: str, now_s: float) -> None:
+        """The replica's steps since its last release, timed: evidence of its speed (speeds.py)."""
+        rep = self._inflight[replica_id]
+        mark, rep.mark = rep.mark, (now_s, rep.steps, rep.prefilled)
+        if mark is None:
+            return
+        elapsed_s, steps = now_s - mark[0], rep.steps - mark[1]
+        if elapsed_s <= 0 or steps <= 0:
+            return
+        batch = len(self.replicas[replica_id])
+        kv = rep.kv_now() - batch * steps / 2  # the interval's mean
+        running = min(1.0, self.model.kv_capacity_tokens / kv) if kv > 0 else 1.0  # as in the fit
+        decode_s = steps * self.model.step_s(batch * running, kv * running)
+        prefill_s = self.model.prefill_s(rep.prefilled - mark[2])
+        if prefill_s > SPEED_PREFILL_SHARE * decode_s:
+            return
+        if self.speeds.observe(replica_id, elapsed_s, decode_s + prefill_s):
+            for r, speed in self.speeds.speeds.items():
+                self._inflight[r].speed = speed
 
     def _work_s(self) -> float:
         """All predicted remaining work (in flight and queued) at saturated throughput."""
@@ -370,10 +421,12 @@ class TailAwarePolicy(CentralQueuePolicy):
             if self._queued.get(rid) != tiebreak:
                 heapq.heappop(self._queue)
                 continue
-            replica = min(free, key=self.load_tokens.__getitem__)
+            head = self.requests[rid].prompt_len + self._queued_pred[rid]
+            # Where the head's work ends first: least predicted load, in time on each replica's speed.
+            replica = min(free, key=lambda r: (self.load_tokens[r] + head) * self._inflight[r].speed)
             # Predicted load after placing the head: the KV the replica would hold if its
             # sequences all ran to their predicted ends.
-            load = self.load_tokens[replica] + self.requests[rid].prompt_len + self._queued_pred[rid]
+            load = self.load_tokens[replica] + head
             if mixing and self.replicas[replica] and load > self.config.mix_kv_factor * self.model.kv_capacity_tokens:
                 short = self._pop_short()
                 if short is not None:
@@ -388,6 +441,7 @@ class TailAwarePolicy(CentralQueuePolicy):
         out["step_model_fit"] = {"chunks": self.fit.chunks, **self.fit.ratios()}
         out["boundary_gap_ms"] = round(1e3 * self._gap_s, 3)
         out["boundary_ms"] = round(1e3 * self.boundary_s, 3)
+        out["replica_speed"] = {r: round(rep.speed, 3) for r, rep in self._inflight.items()}
         return out
 
     # ---- chunk size -----------------------------------------------------------------------
@@ -407,7 +461,8 @@ class TailAwarePolicy(CentralQueuePolicy):
         boundary_s = self.boundary_s
         if chunk_tokens <= 0 or home is None or boundary_s <= 0:
             return chunk_tokens
-        step_s = self.model.step_s(len(self.replicas[home]), self._inflight[home].resident)
+        rep = self._inflight[home]
+        step_s = rep.speed * self.model.step_s(len(self.replicas[home]), rep.resident)
         return max(chunk_tokens, math.ceil(boundary_s / (BOUNDARY_SHARE * step_s)))
 
     # ---- re-dispatch ----------------------------------------------------------------------
@@ -441,7 +496,7 @@ class TailAwarePolicy(CentralQueuePolicy):
             if rep == home or len(rids) >= self.slots_per_replica:
                 continue
             other = self._inflight[rep]
-            new = max(leave, self._finish_s(other, rem, kv) + reprefill_s)
+            new = max(leave, self._finish_s(other, rem, kv) + other.speed * reprefill_s)
             if max(stay, self._finish_s(other)) - new > cfg.move_margin * stay:
                 options[rep] = new
         return options

@@ -1,0 +1,69 @@
+"""How fast each replica steps, beside the others. The step model is one fit for all replicas, and real
+replicas are not all alike: a degraded device, a throttled node, a noisy neighbour on the host.
+
+Evidence: the intervals between two releases on one replica. Sequences on a replica decode in lock
+step, so a release tells how many steps the replica has run (tail_aware.py, `_Replica.steps`); the
+policy knows the batch it placed there and the prefills it sent. An interval's time over the fitted
+model's time for its steps is the replica's ratio for that interval. Intervals that are mostly
+prefill are left out (the prefill constant is the fit's least determined one), and so is time a
+replica sat empty.
+
+A replica's speed is its time over its model time, summed over its whole history (halved every
+WINDOW_S of model time), relative to the replicas' mean: a common factor is the fit's business. The
+model's error changes with the phase of a run (the batch mix, a full KV cache, work waiting in the
+engine's queue) for every replica at once, so only sums over the same stretch of the run compare.
+
+A replica counts as slower than the others by what it differs from the mean beyond DEADBAND, and
+never as faster. Equal replicas do not come out equal: the fit's constants are off by a few to 25%
+(the batch and KV columns are nearly collinear, calibration.py), and a replica's share of KV reads
+in its steps depends on what it holds, so its ratio carries the fit's error in its own proportion.
+In the simulator, on equal replicas (kv_heavy, R=128) the summed ratios spread by up to 1.43x
+max/min, and per-chunk estimates over the last 64 chunks by up to 19% on kv_heavy R=4. Used both
+ways, the "fast" ones drew moves that stacked there: on the 48 equal-replica sweep cells tail_aware
+went from 0.949 to 0.951-0.953 (one cell +7%). Used only to avoid slow replicas, the same cell is
+unchanged, and one replica 1.5x slower is still found (docs/router.md, "Session 18").
+"""
+
+from __future__ import annotations
+
+import math
+
+ESTIMATE_EVERY = 16  # intervals between re-estimates of the speeds
+WINDOW_S = 3600.0  # a replica's sums are halved after this much model time
+DEADBAND = math.log(1.1)  # speeds within 10% of the mean count as equal
+
+
+class ReplicaSpeeds:
+    def __init__(self) -> None:
+        self._sums: dict[str, list[float]] = {}  # replica -> [elapsed s, model s]
+        self._intervals = 0
+        self.speeds: dict[str, float] = {}  # replica -> step time over the others' (>= 1: slower, or 1)
+
+    def add_replica(self, replica_id: str) -> None:
+        self._sums.setdefault(replica_id, [0.0, 0.0])
+        self.speeds.setdefault(replica_id, 1.0)
+
+    def remove_replica(self, replica_id: str) -> None:
+        self._sums.pop(replica_id, None)
+        self.speeds.pop(replica_id, None)
+
+    def observe(self, replica_id: str, elapsed_s: float, model_s: float) -> bool:
+        """`replica_id` ran for `elapsed_s` what the fitted model times at `model_s`. True when the speeds
+        were re-estimated (every ESTIMATE_EVERY intervals)."""
+        sums = self._sums.get(replica_id)
+        if sums is None or not (elapsed_s > 0 and model_s > 0):
+            return False
+        sums[0] += elapsed_s
+        sums[1] += model_s
+        if sums[1] >= WINDOW_S:
+            sums[0] /= 2
+            sums[1] /= 2
+        self._intervals += 1
+        if self._intervals % ESTIMATE_EVERY:
+            return False
+        logs = {rid: math.log(e / m) for rid, (e, m) in self._sums.items() if e > 0 and m > 0}
+        mean = sum(logs.values()) / len(logs)
+        for rid in self._sums:
+            d = logs.get(rid, mean) - mean
+            self.speeds[rid] = math.exp(max(0.0, d - DEADBAND))
+        return True
