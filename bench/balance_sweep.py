@@ -233,14 +233,14 @@ def main(argv=None) -> int:
           + (f" (x{a.prior_error} alternating)" if a.policy_model == "off" else "")
           + (", no clock" if a.no_clock else ", calibrated from the clock")
           + (f", {a.round_trip_ms:g} ms round trip per dispatch" if a.round_trip_ms else "") + f", {a.jobs} jobs")
-    print(f"{'#':>3} {'step model':<14} {'speeds':<9} {'R':>4} {'icc':>5} {'cap':>6} {'seed':>4}  {'verl±spread':>12} "
-          f"{'TAplace/verl':>12} {'TA/verl':>8} {'TA/T*dl':>8} {'moves':>6}  wall")
+    print(f"{'#':>3} {'step model':<14} {'speeds':<9} {'R':>4} {'icc':>5} {'cap':>6} {'seed':>4}  "
+          f"{'verl±spread':>12} {'TAplace/verl':>12} {'TA/verl':>8} {'TA/T*dl':>8} {'moves':>6}  wall")
     rows, started = [], time.perf_counter()
     with ProcessPoolExecutor(max_workers=a.jobs) as pool:
         for i, row in enumerate(pool.map(run_cell, cells), 1):
             rows.append(row)
-            print(f"{i:>3} {row['step_model']:<14} {row['replica_speeds']:<9} {row['replicas']:>4} {row['icc']:>5} {row['cap_tokens']:>6} "
-                  f"{row['seed']:>4}  {row['vs_t_dl']['verl_default']:>6.3f}±{row['verl_default_spread'] / 2:<5.3f}"
+            print(f"{i:>3} {row['step_model']:<14} {row['replica_speeds']:<9} {row['replicas']:>4} {row['icc']:>5} "
+                  f"{row['cap_tokens']:>6} {row['seed']:>4}  {row['vs_t_dl']['verl_default']:>6.3f}±{row['verl_default_spread'] / 2:<5.3f}"
                   f"{row['vs_verl']['tail_aware_placement']:>12.3f} {row['vs_verl']['tail_aware']:>8.3f} "
                   f"{row['vs_t_dl']['tail_aware']:>8.3f} {row['moves']['tail_aware']:>6}  {row['wall_s']:.0f} s",
                   flush=True)

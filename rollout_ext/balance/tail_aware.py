@@ -127,8 +127,7 @@ class _Replica:
     share, the first one judged saw its neighbours a chunk stale and moved, and the next one moved
     onto the replica it had left (docs/router.md, "Aged remaining lengths")."""
 
-    __slots__ = ("rems", "steps", "resident", "prefilled", "instant", "movers", "_sums", "speed", "mark",
-                 "placed_steps")
+    __slots__ = ("rems", "steps", "resident", "prefilled", "instant", "movers", "_sums", "mark", "placed_steps")
 
     def __init__(self) -> None:
         # request -> (remaining tokens, alpha, context, replica step), as of its placement
@@ -139,7 +138,6 @@ class _Replica:
         self.instant: _Instant | None = None  # the latest clock at which requests were placed here
         self.movers = 0  # in-flight requests that moved here
         self._sums: tuple[float, float, float] | None = None  # (sum rem, sum KV token-steps, peak), aged
-        self.speed = 1.0  # its step time over the fitted model's, beside the other replicas (speeds.py)
         self.mark: tuple[float, float, float] | None = None  # (clock, steps, prefilled) at its last release
         self.placed_steps = 0.0  # sum over the in-flight requests of `steps` at their placement
 
@@ -277,12 +275,12 @@ class TailAwarePolicy(CentralQueuePolicy):
                 self._requeue(sibling)
 
     # ---- predicted finish -----------------------------------------------------------------
-    def _finish_s(self, rep: _Replica, add_rem: float = 0.0, add_kv: float = 0.0) -> float:
+    def _finish_s(self, replica_id: str, add_rem: float = 0.0, add_kv: float = 0.0) -> float:
         m = self.model
-        sum_rem, sum_kv, peak = rep.sums()
+        sum_rem, sum_kv, peak = self._inflight[replica_id].sums()
         steps = max(peak, add_rem, (sum_rem + add_rem) / self.slots_per_replica)
-        return rep.speed * (m.base_ms * 1e-3 * steps + m.per_seq_us * 1e-6 * (sum_rem + add_rem)
-                            + m.kv_s * (sum_kv + add_kv))
+        return self.speeds.speeds[replica_id] * (m.base_ms * 1e-3 * steps + m.per_seq_us * 1e-6 * (sum_rem + add_rem)
+                                                 + m.kv_s * (sum_kv + add_kv))
 
     def _ctx(self, request_id: str) -> float:
         return self.requests[request_id].prompt_len + self.generated[request_id]
@@ -354,10 +352,7 @@ class TailAwarePolicy(CentralQueuePolicy):
             # Resident KV is known as of each request's last boundary; in between, every running
             # sequence is on average half a chunk further.
             kv = (start.resident + rep.resident) / 2 + batch * tokens / 2
-            # Past the KV capacity, vLLM runs only what fits; the rest waits in its queue.
-            running = min(1.0, self.model.kv_capacity_tokens / kv) if kv > 0 else 1.0
-            batch, kv = batch * running, kv * running
-            self.fit.observe(tokens, now_s - start.clock_s, batch, kv, prefill)
+            self.fit.observe(tokens, now_s - start.clock_s, *self._running(batch, kv), prefill)
         super().release(request_id, replica_id, generated_tokens, finished, now_s)
         if finished:
             self._last_pred.pop(request_id, None)
@@ -372,15 +367,16 @@ class TailAwarePolicy(CentralQueuePolicy):
         if elapsed_s <= 0 or steps <= 0:
             return
         batch = len(self.replicas[replica_id])
-        kv = rep.kv_now() - batch * steps / 2  # the interval's mean
-        running = min(1.0, self.model.kv_capacity_tokens / kv) if kv > 0 else 1.0  # as in the fit
-        decode_s = steps * self.model.step_s(batch * running, kv * running)
+        decode_s = steps * self.model.step_s(*self._running(batch, rep.kv_now() - batch * steps / 2))
         prefill_s = self.model.prefill_s(rep.prefilled - mark[2])
-        if prefill_s > SPEED_PREFILL_SHARE * decode_s:
-            return
-        if self.speeds.observe(replica_id, elapsed_s, decode_s + prefill_s):
-            for r, speed in self.speeds.speeds.items():
-                self._inflight[r].speed = speed
+        if prefill_s <= SPEED_PREFILL_SHARE * decode_s:
+            self.speeds.observe(replica_id, elapsed_s, decode_s + prefill_s)
+
+    def _running(self, batch: float, kv: float) -> tuple[float, float]:
+        """The batch and KV that run of those placed on a replica: past the KV capacity, vLLM runs only
+        what fits, and the rest waits in its queue."""
+        running = min(1.0, self.model.kv_capacity_tokens / kv) if kv > 0 else 1.0
+        return batch * running, kv * running
 
     def _work_s(self) -> float:
         """All predicted remaining work (in flight and queued) at saturated throughput."""
@@ -423,7 +419,7 @@ class TailAwarePolicy(CentralQueuePolicy):
                 continue
             head = self.requests[rid].prompt_len + self._queued_pred[rid]
             # Where the head's work ends first: least predicted load, in time on each replica's speed.
-            replica = min(free, key=lambda r: (self.load_tokens[r] + head) * self._inflight[r].speed)
+            replica = min(free, key=lambda r: (self.load_tokens[r] + head) * self.speeds.speeds[r])
             # Predicted load after placing the head: the KV the replica would hold if its
             # sequences all ran to their predicted ends.
             load = self.load_tokens[replica] + head
@@ -441,7 +437,7 @@ class TailAwarePolicy(CentralQueuePolicy):
         out["step_model_fit"] = {"chunks": self.fit.chunks, **self.fit.ratios()}
         out["boundary_gap_ms"] = round(1e3 * self._gap_s, 3)
         out["boundary_ms"] = round(1e3 * self.boundary_s, 3)
-        out["replica_speed"] = {r: round(rep.speed, 3) for r, rep in self._inflight.items()}
+        out["replica_speed"] = {r: round(speed, 3) for r, speed in self.speeds.speeds.items()}
         return out
 
     # ---- chunk size -----------------------------------------------------------------------
@@ -461,8 +457,8 @@ class TailAwarePolicy(CentralQueuePolicy):
         boundary_s = self.boundary_s
         if chunk_tokens <= 0 or home is None or boundary_s <= 0:
             return chunk_tokens
-        rep = self._inflight[home]
-        step_s = rep.speed * self.model.step_s(len(self.replicas[home]), rep.resident)
+        step_s = self.speeds.speeds[home] * self.model.step_s(len(self.replicas[home]),
+                                                              self._inflight[home].resident)
         return max(chunk_tokens, math.ceil(boundary_s / (BOUNDARY_SHARE * step_s)))
 
     # ---- re-dispatch ----------------------------------------------------------------------
@@ -488,15 +484,14 @@ class TailAwarePolicy(CentralQueuePolicy):
         ctx = req.prompt_len + self.generated[request_id]
         rem = min(float(req.max_tokens - self.generated[request_id]), cfg.move_rem_factor * self.remaining(request_id))
         kv = _kv_token_steps(rem, ctx)
-        stay = self._finish_s(self._inflight[home], rem, kv)
-        leave = self._finish_s(self._inflight[home])
+        stay = self._finish_s(home, rem, kv)
+        leave = self._finish_s(home)
         reprefill_s = self.model.prefill_s(ctx)
         options = {}
         for rep, rids in self.replicas.items():
             if rep == home or len(rids) >= self.slots_per_replica:
                 continue
-            other = self._inflight[rep]
-            new = max(leave, self._finish_s(other, rem, kv) + other.speed * reprefill_s)
-            if max(stay, self._finish_s(other)) - new > cfg.move_margin * stay:
+            new = max(leave, self._finish_s(rep, rem, kv) + self.speeds.speeds[rep] * reprefill_s)
+            if max(stay, self._finish_s(rep)) - new > cfg.move_margin * stay:
                 options[rep] = new
         return options
