@@ -168,12 +168,13 @@ def summarize(rows: list[dict], target: float) -> dict:
             out["oracle_vs_verl_geo"] = _geo(r["vs_verl"]["oracle_lpt"] for r in cells)
         return out
 
-    out = {name: entry([r for r in rows if r["step_model"] == name])
-           for name in dict.fromkeys(r["step_model"] for r in rows)}
-    speeds = {name: entry([r for r in rows if _speeds(r) == name]) for name in dict.fromkeys(map(_speeds, rows))}
+    def per(key):
+        return {name: entry([r for r in rows if key(r) == name]) for name in dict.fromkeys(map(key, rows))}
+
     overall = entry(rows)
     overall["pass"] = overall["cells_above_1"] == 0 and overall["vs_verl_geo"] <= target
-    return {"per_step_model": out, "per_replica_speeds": speeds, "overall": overall, "target": target}
+    return {"per_step_model": per(lambda r: r["step_model"]), "per_replica_speeds": per(_speeds),
+            "overall": overall, "target": target}
 
 
 def _speeds(row: dict) -> str:

@@ -41,10 +41,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from rollout_ext.balance.step_model import TIMING_FIELDS as FIELDS
-from rollout_ext.balance.step_model import StepModel
+from rollout_ext.balance.step_model import TIMING_FIELDS, StepModel
 
-_TO_S = np.array([1e-3, 1e-6, 1e-9, 1e-6])  # each field's unit in seconds
+FIELDS = tuple(TIMING_FIELDS)
+_TO_S = np.array(list(TIMING_FIELDS.values()))  # each field's unit in seconds
 BOUNDARY_SCALE_S = 1e-3  # the fit's unit for the per-chunk cost
 BOUNDARY_MAX_S = 60.0  # its clamp: a chunk whose fixed cost passes a minute is a stall, not a cost
 PRIOR_CHUNKS = 0.05  # the prior's weight, in typical chunks: it only keeps an early fit solvable

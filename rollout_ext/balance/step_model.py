@@ -132,7 +132,8 @@ class StepModel:
         return batch / self.step_s(batch, batch * ctx)
 
 
-TIMING_FIELDS = ("base_ms", "per_seq_us", "kv_read_ns_per_token", "prefill_us_per_token")
+# The timing constants, each with its unit in seconds; the rest of a StepModel is capacity.
+TIMING_FIELDS = {"base_ms": 1e-3, "per_seq_us": 1e-6, "kv_read_ns_per_token": 1e-9, "prefill_us_per_token": 1e-6}
 
 
 def scaled(model: StepModel, factor: float) -> StepModel:
