@@ -61,11 +61,16 @@ def parse_args(argv=None):
     p.add_argument("--warm-epochs", type=int, default=1, help="epochs rolled out before the measured one")
     p.add_argument("--repeats", type=int, default=3, help="measured runs per policy (median reported)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--slow-ms", type=float, default=0.0,
+                   help="one replica sleeps this long in every decode step (a degraded replica; "
+                        "rollout_ext.testing.slow_steps), for every row")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     a.policy_list = [x.strip() for x in a.policies.split(",") if x.strip()]
     if a.replicas < 1 or a.chunk_tokens < 1 or not 1 <= a.min_len < a.cap:
         p.error("--replicas >= 1, --chunk-tokens >= 1, 1 <= --min-len < --cap required")
+    if not a.slow_ms >= 0 or (a.slow_ms > 0 and a.replicas < 2):
+        p.error(f"--slow-ms={a.slow_ms}; allowed: 0 (off), or a number > 0 with --replicas >= 2")
     return a
 
 
@@ -87,22 +92,42 @@ def make_jobs(a, epoch: int) -> list[dict]:
 
 
 # ---- replicas, router, client ---------------------------------------------------------------------
-def start_replicas(a):
-    """verl's LLMServerManager with rollout_ext replicas of the tiny model (Ray on 127.0.0.1)."""
-    from rollout_ext.testing.forced_length import FQCN
+def start_replicas(a, slow_dir: Path | None = None):
+    """verl's LLMServerManager with rollout_ext replicas of the tiny model (Ray on 127.0.0.1). With
+    `slow_dir`, the engines also load the slow-steps processor, controlled from that folder."""
+    from rollout_ext.testing import forced_length, slow_steps
     from rollout_ext.verl.tiny_run import compose, init_local_ray, rollout_overrides
 
     prompt_len = 4 * a.prompt_tokens
     overrides = rollout_overrides(a.model, replicas=a.replicas, prompt_length=prompt_len, response_length=a.cap)
+    processors = [forced_length.FQCN] + ([slow_steps.FQCN] if slow_dir else [])
     overrides = [o for o in overrides if "max_num_seqs" not in o] + [
         f"actor_rollout_ref.rollout.max_num_seqs={a.max_num_seqs}",
-        f"+actor_rollout_ref.rollout.engine_kwargs.rollout_ext.logits_processors=[{FQCN}]",
+        f"+actor_rollout_ref.rollout.engine_kwargs.rollout_ext.logits_processors=[{','.join(processors)}]",
     ]
+    if slow_dir:
+        overrides.append("+actor_rollout_ref.rollout.engine_kwargs.rollout_ext.additional_config="
+                         f"{{{slow_steps.CONFIG_KEY}:'{slow_dir}'}}")
     config = compose(overrides)
     init_local_ray(a.replicas, _cache_env())
     from verl.workers.rollout.llm_server import LLMServerManager
 
     return config, LLMServerManager.create(config, worker_group=None)
+
+
+def slow_one_replica(manager, slow_dir: Path, step_ms: float) -> str:
+    """Make the engine of the manager's last replica sleep `step_ms` per decode step; returns the
+    replica's address (the router's id for it)."""
+    import os
+
+    import ray
+
+    from rollout_ext.testing import slow_steps
+
+    address, handle = manager.server_addresses[-1], manager.server_handles[-1]
+    server_pid = ray.get(handle.__ray_call__.remote(lambda _self: os.getpid()))
+    slow_steps.set_slow(slow_dir, {slow_steps.engine_under(slow_dir, server_pid): step_ms})
+    return address
 
 
 def _cache_env() -> dict[str, str]:
@@ -151,10 +176,12 @@ async def rollout(client, jobs: list[dict], cap: int) -> dict:
 def run_real(a) -> dict:
     import ray
 
-    config, manager = start_replicas(a)
     tmp = Path(tempfile.mkdtemp(prefix="balance_real-"))
+    slow_dir = tmp / "slow_steps" if a.slow_ms > 0 else None
+    config, manager = start_replicas(a, slow_dir)
     results = []
     try:
+        slow_replica = slow_one_replica(manager, slow_dir, a.slow_ms) if slow_dir else None
         measured = make_jobs(a, epoch=0)
         longest = max(measured, key=lambda j: j["length"])
 
@@ -234,6 +261,8 @@ def run_real(a) -> dict:
                         "sum": int(sum(lengths))},
             "cap": a.cap, "chunk_tokens": a.chunk_tokens, "max_num_seqs": a.max_num_seqs,
             "warm_epochs": a.warm_epochs, "repeats": a.repeats, "seed": a.seed,
+            # added to every decode step of one replica (0: all equal)
+            "slow_replica": {"address": slow_replica, "step_ms": a.slow_ms} if slow_dir else None,
             "length_control": "vLLM logits processor rollout_ext.testing.forced_length (EOS at prompt+length); "
                               "the router sees only prompt ids and the cap",
             "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine(),
@@ -279,6 +308,14 @@ def main(argv=None) -> dict:
         print(f"{r['policy']:<24} {r['makespan_s']:>10.2f} {r['ratio_vs_verl_default'] or 0:>8.3f} {paired:>22} "
               f"{r['moves']:>6} {r['chunks']:>7} {r['wrong_lengths']:>9}  {r['makespan_runs_s']}"
               f"  {r['boundary_acquire_ms']}  {r['boundary_ms']}  {r['router_cpu_s']}")
+    slow = out["setup"]["slow_replica"]
+    if slow:
+        print(f"\nslow replica {slow['address']} (+{slow['step_ms']:g} ms per step); learned speed per run:")
+        for r in out["results"]:
+            learned = [(s or {}).get(slow["address"]) for s in r["replica_speed"]]
+            others = [max((v for k, v in (s or {}).items() if k != slow["address"]), default=None)
+                      for s in r["replica_speed"]]
+            print(f"  {r['policy']:<24} slow replica {learned}, fastest other {others}")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
     return out

@@ -9,7 +9,10 @@ verl's LLMServerManager, once for the module, and runs:
    sequence, so its `acquire_chunk` asks for one piece per request;
 4. lengths: TailAwareRouter (tail_aware, chunk 0) behind ChunkedLLMServerClient, which runs each
    request in one piece and reports its length, and behind verl's own client, which does not;
-5. fault: TailAwareRouter (tail_aware policy); one replica actor is killed with ray.kill while
+5. speeds: TailAwareRouter (tail_aware) over equal replicas, then over the same replicas with one
+   engine sleeping SLOW_MS in every step (the test-only processor rollout_ext.testing.slow_steps);
+   the policy must find that replica, and only it, slower;
+6. fault: TailAwareRouter (tail_aware policy); one replica actor is killed with ray.kill while
    its sequences are mid-generation.
 Lengths come from the test-only forced-EOS logits processor (rollout_ext.testing.forced_length);
 greedy decoding, log-probs on. The subprocess writes one JSON report that the tests read.
@@ -30,6 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHUNK = 8
 CAP = 40
 EOS = 1
+SLOW_MS = 50.0
 
 
 def _jobs() -> list[dict]:
@@ -60,12 +64,14 @@ def _scenario(model: str) -> dict:
     from verl.workers.rollout.router import get_router_handle
 
     sys.path.insert(0, str(REPO))
-    from bench.balance_real import make_client, make_router, start_replicas
+    from bench.balance_real import make_client, make_router, slow_one_replica, start_replicas
+    from rollout_ext.testing.slow_steps import set_slow
 
-    args = argparse.Namespace(model=model, replicas=2, prompt_tokens=16, cap=CAP, max_num_seqs=16)
-    config, manager = start_replicas(args)
-    servers = dict(zip(manager.server_addresses, manager.server_handles, strict=True))
     tmp = Path(tempfile.mkdtemp())
+    slow_dir = tmp / "slow_steps"
+    args = argparse.Namespace(model=model, replicas=2, prompt_tokens=16, cap=CAP, max_num_seqs=16)
+    config, manager = start_replicas(args, slow_dir)
+    servers = dict(zip(manager.server_addresses, manager.server_handles, strict=True))
 
     class PingPong:
         """Every chunk goes to the other replica than the request's previous chunk."""
@@ -127,6 +133,26 @@ def _scenario(model: str) -> dict:
             if report[f"{name}_status"]["policy"]["finished"] >= len(jobs) or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
+
+    # Speeds: the same batch on equal replicas (the control), then with one replica slowed.
+    speed_jobs = [{"request_id": f"v{i}", "prompt_ids": [7 + (13 * i + 3 * k) % 900 for k in range(6 + i % 5)],
+                   "length": 24 + (37 * i) % 49} for i in range(48)]
+    for name in ("speeds_equal", "speeds_slow"):
+        report[f"{name}_replica"] = slow_one_replica(manager, slow_dir, SLOW_MS) if name == "speeds_slow" else None
+        speed_router = make_router(manager, "tail_aware", CHUNK, 16, tmp)
+        client = make_client(config, speed_router)
+
+        async def run_speed_jobs(client=client):
+            return await asyncio.gather(*(client.generate(j["request_id"], prompt_ids=j["prompt_ids"],
+                                                          sampling_params={**_params(j), "max_tokens": 96})
+                                          for j in speed_jobs))
+
+        outs = asyncio.run(run_speed_jobs())
+        report[f"{name}_lengths"] = [len(o.token_ids) for o in outs]
+        report[f"{name}_status"] = ray.get(speed_router.get_status.remote())
+        set_slow(slow_dir, {})
+        ray.kill(speed_router)
+    report["speed_jobs"] = [j["length"] for j in speed_jobs]
 
     # Fault: long sequences, one replica killed mid-rollout.
     fault_jobs = [{"request_id": f"f{i}", "prompt_ids": [5 + (31 * i + 7 * k) % 900 for k in range(8)],
@@ -218,6 +244,21 @@ def test_the_router_learns_lengths_only_from_clients_that_report_them(report):
         assert got["token_ids"] == ref["token_ids"]
     assert report["plain_status"]["policy"]["predictor"] == {"finished": 0}
     assert report["plain_status"]["policy"]["finished"] == len(_jobs())  # the slots were freed
+
+
+def test_the_policy_finds_the_slowed_replica_and_only_it(report):
+    assert report["speeds_equal_lengths"] == report["speeds_slow_lengths"] == report["speed_jobs"]
+    slow = report["speeds_slow_replica"]
+    learned = report["speeds_slow_status"]["policy"]["replica_speed"]
+    assert set(learned) == set(report["servers"]) and slow in learned
+    # +50 ms on steps of ~5-20 ms: several times slower. (+30 ms learned 1.81, speeds being relative
+    # to the replicas' mean beyond a 10% dead band: a 4x ratio between the two replicas.)
+    assert learned[slow] >= 1.8, learned
+    assert all(speed == 1.0 for rid, speed in learned.items() if rid != slow), learned
+    # The control: the same batch on equal replicas finds no replica that slow (one run here: 1.11,
+    # the two engines sharing two cores unevenly).
+    equal = report["speeds_equal_status"]["policy"]["replica_speed"]
+    assert set(equal) == set(report["servers"]) and max(equal.values()) < 1.4, equal
 
 
 def test_killed_replica_loses_and_duplicates_nothing(report):

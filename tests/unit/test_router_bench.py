@@ -50,3 +50,11 @@ def test_paired_ratios_pair_repeats_not_medians():
     assert paired_ratios([4.4, 3.3, 8.8], base)["paired_ratio_range"] == [0.412, 2.933]
     with pytest.raises(ValueError):
         paired_ratios([1.0], base)  # every row has one run per repeat
+
+
+def test_slow_replica_needs_a_second_replica_and_a_sane_delay():
+    assert parse_args(["--slow-ms", "15"]).slow_ms == 15.0
+    assert parse_args([]).slow_ms == 0.0
+    for bad in (["--slow-ms", "-1"], ["--slow-ms", "nan"], ["--slow-ms", "15", "--replicas", "1"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
