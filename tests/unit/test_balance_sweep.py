@@ -64,6 +64,11 @@ def test_sweep_runs_replicas_of_unequal_speed(repo_root, tmp_path):
     assert sorted(r["replica_speeds"] for r in data["rows"]) == ["equal"] * 3 + ["one_slow"] * 3 + ["spread"] * 3
     per_speeds = data["summary"]["per_replica_speeds"]
     assert {name: e["cells"] for name, e in per_speeds.items()} == {"equal": 3, "one_slow": 3, "spread": 3}
+    # The worst cell names its whole cell, speed profile included, and it is the row with the worst ratio.
+    worst = data["summary"]["overall"]["worst_cell"]
+    row = max(data["rows"], key=lambda r: r["vs_verl"]["tail_aware"])
+    assert worst == {"step_model": row["step_model"], "replicas": 3, "icc": 0.3, "cap_tokens": 20480,
+                     "seed": 0, "replica_speeds": row["replica_speeds"]}
     # Built on the fastest replica, the bounds hold where some replicas run faster than the step model.
     for row in data["rows"]:
         assert min(row["makespan_s"].values()) >= max(row["t_star_s"], row["t_dl_s"]) * (1 - 1e-9), row
