@@ -49,12 +49,13 @@ def engine_under(directory: str | Path, pid: int) -> int:
 
 def set_slow(directory: str | Path, ms_by_pid: dict[int, float]) -> None:
     """Engine `pid` sleeps `ms` per step; every engine not named runs at its own speed."""
+    for pid, ms in ms_by_pid.items():
+        if not ms >= 0:  # checked first: a refused call changes nothing
+            raise ValueError(f"set_slow: ms for engine {pid} is {ms!r}; allowed: a number >= 0")
     for path in Path(directory).glob("slow-*"):
         if int(path.name.split("-", 1)[1]) not in ms_by_pid:
             path.unlink()
     for pid, ms in ms_by_pid.items():
-        if not ms >= 0:
-            raise ValueError(f"set_slow: ms for engine {pid} is {ms!r}; allowed: a number >= 0")
         tmp = Path(directory) / f".slow-{pid}.tmp"
         tmp.write_text(repr(float(ms)))
         tmp.replace(Path(directory) / f"slow-{pid}")  # atomic: an engine never reads half a number

@@ -33,7 +33,9 @@ def test_set_slow_writes_replaces_and_clears(tmp_path):
     assert float((tmp_path / "slow-31").read_text()) == 4.0
     set_slow(tmp_path, {})
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+    set_slow(tmp_path, {31: 4})
     with pytest.raises(ValueError, match="ms for engine 30 is -1"):
         set_slow(tmp_path, {30: -1})
+    assert float((tmp_path / "slow-31").read_text()) == 4.0  # a refused call changes nothing
     with pytest.raises(ValueError, match="nan"):
         set_slow(tmp_path, {30: float("nan")})
