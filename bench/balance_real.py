@@ -65,10 +65,15 @@ def parse_args(argv=None):
                    help="one replica sleeps this long in every decode step (a degraded replica; "
                         "rollout_ext.testing.slow_steps), for every row")
     p.add_argument("--json", default=None)
+    p.add_argument("--plot", default=None, help="PNG: every repeat's makespan over verl_default's, per row")
+    p.add_argument("--replot", default=None, metavar="JSON",
+                   help="draw --plot from an earlier run's --json instead of running (no engines start)")
     a = p.parse_args(argv)
     a.policy_list = [x.strip() for x in a.policies.split(",") if x.strip()]
     if a.replicas < 1 or a.chunk_tokens < 1 or not 1 <= a.min_len < a.cap:
         p.error("--replicas >= 1, --chunk-tokens >= 1, 1 <= --min-len < --cap required")
+    if a.replot and not a.plot:
+        p.error(f"--replot={a.replot}: also give --plot PATH (the PNG to write)")
     if not a.slow_ms >= 0 or (a.slow_ms > 0 and a.replicas < 2):
         p.error(f"--slow-ms={a.slow_ms}; allowed: 0 (off), or a number > 0 with --replicas >= 2")
     return a
@@ -296,8 +301,49 @@ def _cpus() -> int:
     return len(os.sched_getaffinity(0))
 
 
+def plot(out: dict, path: str) -> None:
+    """Every repeat's makespan over verl_default's in the same repeat, one column per row; the median
+    as a bar. The unchunked verl_default row runs the same policy: its spread is the noise."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by = {r["policy"]: r for r in out["results"]}
+    base = by.get("verl_default")
+    if base is None:
+        raise SystemExit("--plot needs a verl_default row: every ratio is over it")
+    rows = [r for r in out["results"] if r["policy"] != "verl_default"]
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(rows) + 2), 4.5))
+    for x, r in enumerate(rows):
+        ratios = [a / b for a, b in zip(r["makespan_runs_s"], base["makespan_runs_s"], strict=True)]
+        noise = r["policy"] == "verl_default_unchunked"
+        color = "tab:gray" if noise else "tab:blue"
+        ax.bar(x, float(np.median(ratios)), width=0.6, color=color, alpha=0.35)
+        ax.scatter([x] * len(ratios), ratios, color=color, zorder=3, s=18)
+        ax.annotate(f"{np.median(ratios):.3f}", (x, max(ratios)), xytext=(0, 4), textcoords="offset points",
+                    ha="center", fontsize=9)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", zorder=0)
+    ax.set_xticks(range(len(rows)), [r["policy"] + ("\n(noise floor)" if r["policy"] == "verl_default_unchunked"
+                                                    else "") for r in rows], fontsize=8)
+    ax.set_ylabel("makespan / verl_default's, same repeat")
+    setup = out["setup"]
+    slow = setup.get("slow_replica")
+    ax.set_title(f"{setup['replicas']} real vLLM CPU replicas, {setup['prompts']}x{setup['samples']} prompts, "
+                 f"{setup['repeats']} repeats, chunk {setup['chunk_tokens']}"
+                 + (f"\none replica +{slow['step_ms']:g} ms per step" if slow else ", equal replicas"), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None) -> dict:
     a = parse_args(argv)
+    if a.replot:
+        out = json.loads(Path(a.replot).read_text())
+        plot(out, a.plot)
+        print("plot:", a.plot)
+        return out
     out = run_real(a)
     print(json.dumps(out["setup"], indent=1))
     print(f"{'policy':<24} {'makespan_s':>10} {'vs_verl':>8} {'paired (range)':>22} {'moves':>6} {'chunks':>7} "
@@ -318,6 +364,9 @@ def main(argv=None) -> dict:
             print(f"  {r['policy']:<24} slow replica {learned}, fastest other {others}")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
+    if a.plot:
+        plot(out, a.plot)
+        print("plot:", a.plot)
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.balance_real import FIRST_PROMPT_TOKEN, make_jobs, paired_ratios, parse_args, sampling_params  # noqa: E402
+from bench.balance_real import FIRST_PROMPT_TOKEN, main, make_jobs, paired_ratios, parse_args, sampling_params  # noqa: E402
 
 
 def test_defaults_fit_the_two_core_machine():
@@ -58,3 +59,24 @@ def test_slow_replica_needs_a_second_replica_and_a_sane_delay():
     for bad in (["--slow-ms", "-1"], ["--slow-ms", "nan"], ["--slow-ms", "15", "--replicas", "1"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
+
+
+def _saved_run(tmp_path, policies):
+    out = {"setup": {"replicas": 2, "prompts": 16, "samples": 4, "repeats": 3, "chunk_tokens": 64,
+                     "slow_replica": {"address": "127.0.0.1:1", "step_ms": 15.0}},
+           "results": [{"policy": name, "makespan_runs_s": runs} for name, runs in policies.items()]}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(out))
+    return path
+
+
+def test_replot_draws_a_saved_run_without_engines(tmp_path):
+    saved = _saved_run(tmp_path, {"verl_default": [10.0, 12.0, 11.0], "tail_aware": [6.0, 7.0, 8.0],
+                                  "verl_default_unchunked": [10.5, 11.0, 12.0]})
+    png = tmp_path / "run.png"
+    main(["--replot", str(saved), "--plot", str(png)])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    with pytest.raises(SystemExit):  # the ratios are over verl_default: a run without it cannot be drawn
+        main(["--replot", str(_saved_run(tmp_path, {"tail_aware": [6.0]})), "--plot", str(png)])
+    with pytest.raises(SystemExit):  # --replot alone would draw nowhere
+        parse_args(["--replot", str(saved)])
