@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -40,6 +41,7 @@ if str(REPO) not in sys.path:
 from rollout_ext.balance.workload import WorkloadConfig, make_workload  # noqa: E402
 
 FIRST_PROMPT_TOKEN = 3  # ids 0..2 are bos/eos/pad in the tiny model
+NOISE_ROW = "verl_default_unchunked"  # runs verl_default's policy again: its spread is the noise
 
 
 def parse_args(argv=None):
@@ -123,8 +125,6 @@ def start_replicas(a, slow_dir: Path | None = None):
 def slow_one_replica(manager, slow_dir: Path, step_ms: float) -> str:
     """Make the engine of the manager's last replica sleep `step_ms` per decode step; returns the
     replica's address (the router's id for it)."""
-    import os
-
     import ray
 
     from rollout_ext.testing import slow_steps
@@ -225,7 +225,7 @@ def run_real(a) -> dict:
         rows = [(policy, policy, a.chunk_tokens) for policy in a.policy_list]
         if not a.no_unchunked:
             # Whole sequences, no continuation: what chunking costs, and placement order alone.
-            rows.append(("verl_default_unchunked", "verl_default", 0))
+            rows.append((NOISE_ROW, "verl_default", 0))
             if "tail_aware" in a.policy_list:
                 rows.append(("tail_aware_unchunked", "tail_aware", 0))
         runs: dict[str, list[dict]] = {name: [] for name, _, _ in rows}
@@ -284,9 +284,14 @@ def paired_ratios(runs_s: list[float], base_runs_s: list[float]) -> dict:
     the ratio of medians mixes repeats. `verl_default_unchunked` runs the same thing as
     `verl_default`, so its range is the noise floor of this measure.
     """
-    ratios = sorted(a / b for a, b in zip(runs_s, base_runs_s, strict=True))
+    ratios = sorted(repeat_ratios(runs_s, base_runs_s))
     return {"paired_ratio_median": round(float(np.median(ratios)), 3),
             "paired_ratio_range": [round(ratios[0], 3), round(ratios[-1], 3)]}
+
+
+def repeat_ratios(runs_s: list[float], base_runs_s: list[float]) -> list[float]:
+    """Each repeat's makespan over the base row's in the same repeat."""
+    return [a / b for a, b in zip(runs_s, base_runs_s, strict=True)]
 
 
 def _per_boundary_ms(outs) -> float | None:
@@ -296,8 +301,6 @@ def _per_boundary_ms(outs) -> float | None:
 
 
 def _cpus() -> int:
-    import os
-
     return len(os.sched_getaffinity(0))
 
 
@@ -309,23 +312,22 @@ def plot(out: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    by = {r["policy"]: r for r in out["results"]}
-    base = by.get("verl_default")
+    base = next((r for r in out["results"] if r["policy"] == "verl_default"), None)
     if base is None:
         raise SystemExit("--plot needs a verl_default row: every ratio is over it")
     rows = [r for r in out["results"] if r["policy"] != "verl_default"]
     fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(rows) + 2), 4.5))
     for x, r in enumerate(rows):
-        ratios = [a / b for a, b in zip(r["makespan_runs_s"], base["makespan_runs_s"], strict=True)]
-        noise = r["policy"] == "verl_default_unchunked"
-        color = "tab:gray" if noise else "tab:blue"
-        ax.bar(x, float(np.median(ratios)), width=0.6, color=color, alpha=0.35)
+        ratios = repeat_ratios(r["makespan_runs_s"], base["makespan_runs_s"])
+        median = float(np.median(ratios))
+        color = "tab:gray" if r["policy"] == NOISE_ROW else "tab:blue"
+        ax.bar(x, median, width=0.6, color=color, alpha=0.35)
         ax.scatter([x] * len(ratios), ratios, color=color, zorder=3, s=18)
-        ax.annotate(f"{np.median(ratios):.3f}", (x, max(ratios)), xytext=(0, 4), textcoords="offset points",
+        ax.annotate(f"{median:.3f}", (x, max(ratios)), xytext=(0, 4), textcoords="offset points",
                     ha="center", fontsize=9)
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", zorder=0)
-    ax.set_xticks(range(len(rows)), [r["policy"] + ("\n(noise floor)" if r["policy"] == "verl_default_unchunked"
-                                                    else "") for r in rows], fontsize=8)
+    ax.set_xticks(range(len(rows)), [r["policy"] + ("\n(noise floor)" if r["policy"] == NOISE_ROW else "")
+                                     for r in rows], fontsize=8)
     ax.set_ylabel("makespan / verl_default's, same repeat")
     setup = out["setup"]
     slow = setup.get("slow_replica")
@@ -341,10 +343,19 @@ def main(argv=None) -> dict:
     a = parse_args(argv)
     if a.replot:
         out = json.loads(Path(a.replot).read_text())
+    else:
+        out = run_real(a)
+        report(out)
+        if a.json:
+            Path(a.json).write_text(json.dumps(out, indent=1))
+    if a.plot:
         plot(out, a.plot)
         print("plot:", a.plot)
-        return out
-    out = run_real(a)
+    return out
+
+
+def report(out: dict) -> None:
+    """The run's setup, one line per row, and the speed each row learned for a slowed replica."""
     print(json.dumps(out["setup"], indent=1))
     print(f"{'policy':<24} {'makespan_s':>10} {'vs_verl':>8} {'paired (range)':>22} {'moves':>6} {'chunks':>7} "
           f"{'wrong_len':>9}  runs_s  (boundary acquire ms; boundary cost the policy fitted, ms; router CPU s; per run)")
@@ -362,12 +373,6 @@ def main(argv=None) -> dict:
             others = [max((v for k, v in (s or {}).items() if k != slow["address"]), default=None)
                       for s in r["replica_speed"]]
             print(f"  {r['policy']:<24} slow replica {learned}, fastest other {others}")
-    if a.json:
-        Path(a.json).write_text(json.dumps(out, indent=1))
-    if a.plot:
-        plot(out, a.plot)
-        print("plot:", a.plot)
-    return out
 
 
 if __name__ == "__main__":

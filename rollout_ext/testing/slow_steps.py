@@ -33,15 +33,18 @@ CONFIG_KEY = "slow_steps_dir"
 READ_EVERY_S = 0.2
 
 
+def _pid(path: Path) -> int:
+    return int(path.name.split("-", 1)[1])  # engine-<pid>, slow-<pid>
+
+
 def engines(directory: str | Path) -> list[int]:
     """The pids of the engines that registered in `directory`, in ascending order."""
-    return sorted(int(p.name.split("-", 1)[1]) for p in Path(directory).glob("engine-*"))
+    return sorted(map(_pid, Path(directory).glob("engine-*")))
 
 
 def engine_under(directory: str | Path, pid: int) -> int:
     """The engine whose process descends from process `pid` (a replica's server starts its engine)."""
-    found = [int(p.name.split("-", 1)[1]) for p in Path(directory).glob("engine-*")
-             if pid in json.loads(p.read_text())["ancestors"]]
+    found = [_pid(p) for p in Path(directory).glob("engine-*") if pid in json.loads(p.read_text())["ancestors"]]
     if len(found) != 1:
         raise LookupError(f"slow steps: {len(found)} engine(s) in {directory} descend from process {pid}; expected 1")
     return found[0]
@@ -53,7 +56,7 @@ def set_slow(directory: str | Path, ms_by_pid: dict[int, float]) -> None:
         if not ms >= 0:  # checked first: a refused call changes nothing
             raise ValueError(f"set_slow: ms for engine {pid} is {ms!r}; allowed: a number >= 0")
     for path in Path(directory).glob("slow-*"):
-        if int(path.name.split("-", 1)[1]) not in ms_by_pid:
+        if _pid(path) not in ms_by_pid:
             path.unlink()
     for pid, ms in ms_by_pid.items():
         tmp = Path(directory) / f".slow-{pid}.tmp"

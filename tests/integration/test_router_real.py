@@ -46,8 +46,8 @@ def _jobs() -> list[dict]:
     return jobs
 
 
-def _params(job: dict) -> dict:
-    params = {"temperature": 0.0, "max_tokens": CAP, "logprobs": True}
+def _params(job: dict, max_tokens: int = CAP) -> dict:
+    params = {"temperature": 0.0, "max_tokens": max_tokens, "logprobs": True}
     if job["length"] is not None:
         params["extra_args"] = {"eos_at_total": len(job["prompt_ids"]) + job["length"], "eos_id": EOS}
     return params
@@ -108,9 +108,9 @@ def _scenario(model: str) -> dict:
                 "replicas": out.extra_fields.get("continuation_replicas"),
                 "chunks": out.extra_fields.get("continuation_chunks")}
 
-    async def run_all(client, jobs):
+    async def run_all(client, jobs, max_tokens=CAP):
         outs = await asyncio.gather(*(client.generate(j["request_id"], prompt_ids=j["prompt_ids"],
-                                                      sampling_params=_params(j)) for j in jobs))
+                                                      sampling_params=_params(j, max_tokens)) for j in jobs))
         return [dump(o) for o in outs]
 
     report = {"servers": list(servers)}
@@ -140,15 +140,8 @@ def _scenario(model: str) -> dict:
     for name in ("speeds_equal", "speeds_slow"):
         report[f"{name}_replica"] = slow_one_replica(manager, slow_dir, SLOW_MS) if name == "speeds_slow" else None
         speed_router = make_router(manager, "tail_aware", CHUNK, 16, tmp)
-        client = make_client(config, speed_router)
-
-        async def run_speed_jobs(client=client):
-            return await asyncio.gather(*(client.generate(j["request_id"], prompt_ids=j["prompt_ids"],
-                                                          sampling_params={**_params(j), "max_tokens": 96})
-                                          for j in speed_jobs))
-
-        outs = asyncio.run(run_speed_jobs())
-        report[f"{name}_lengths"] = [len(o.token_ids) for o in outs]
+        outs = asyncio.run(run_all(make_client(config, speed_router), speed_jobs, max_tokens=96))
+        report[f"{name}_lengths"] = [len(o["token_ids"]) for o in outs]
         report[f"{name}_status"] = ray.get(speed_router.get_status.remote())
         set_slow(slow_dir, {})
         ray.kill(speed_router)
