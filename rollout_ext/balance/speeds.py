@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import math
 
-ESTIMATE_EVERY = 16  # intervals between re-estimates of the speeds
+# Intervals between re-estimates of the speeds; a fleet of fewer replicas re-estimates once per round
+# (one interval per replica on average): a short real run on two replicas gives a few dozen intervals.
+ESTIMATE_EVERY = 16
 WINDOW_S = 3600.0  # a replica's sums are halved after this much model time
 DEADBAND = math.log(1.1)  # speeds within 10% of the mean count as equal
 
@@ -37,29 +39,33 @@ class ReplicaSpeeds:
     def __init__(self) -> None:
         self._sums: dict[str, list[float]] = {}  # replica -> [elapsed s, model s]
         self._intervals = 0
+        self._counts: dict[str, list[int]] = {}  # replica -> [intervals taken, intervals left out]
         self.speeds: dict[str, float] = {}  # replica -> step time over the others' (>= 1: slower, or 1)
 
     def add_replica(self, replica_id: str) -> None:
         self._sums.setdefault(replica_id, [0.0, 0.0])
+        self._counts.setdefault(replica_id, [0, 0])
         self.speeds.setdefault(replica_id, 1.0)
 
     def remove_replica(self, replica_id: str) -> None:
         self._sums.pop(replica_id, None)
+        self._counts.pop(replica_id, None)
         self.speeds.pop(replica_id, None)
 
     def observe(self, replica_id: str, elapsed_s: float, model_s: float) -> bool:
         """`replica_id` ran for `elapsed_s` what the fitted model times at `model_s`. True when the speeds
-        were re-estimated (every ESTIMATE_EVERY intervals)."""
+        were re-estimated (every ESTIMATE_EVERY intervals, or every len(replicas) if that is fewer)."""
         sums = self._sums.get(replica_id)
         if sums is None or not (elapsed_s > 0 and model_s > 0):
             return False
+        self._counts[replica_id][0] += 1
         sums[0] += elapsed_s
         sums[1] += model_s
         if sums[1] >= WINDOW_S:
             sums[0] /= 2
             sums[1] /= 2
         self._intervals += 1
-        if self._intervals % ESTIMATE_EVERY:
+        if self._intervals % min(ESTIMATE_EVERY, len(self._sums)):
             return False
         logs = {rid: math.log(e / m) for rid, (e, m) in self._sums.items() if e > 0 and m > 0}
         mean = sum(logs.values()) / len(logs)
@@ -67,3 +73,13 @@ class ReplicaSpeeds:
             d = logs.get(rid, mean) - mean
             self.speeds[rid] = math.exp(max(0.0, d - DEADBAND))
         return True
+
+    def left_out(self, replica_id: str) -> None:
+        """An interval of `replica_id` that was not evidence (mostly prefill)."""
+        if replica_id in self._counts:
+            self._counts[replica_id][1] += 1
+
+    def evidence(self) -> dict[str, dict]:
+        """Per replica: its summed time and model time, and how many intervals were taken and left out."""
+        return {rid: {"elapsed_s": round(e, 4), "model_s": round(m, 4), "intervals": self._counts[rid][0],
+                      "left_out": self._counts[rid][1]} for rid, (e, m) in self._sums.items()}

@@ -371,6 +371,8 @@ class TailAwarePolicy(CentralQueuePolicy):
         prefill_s = self.model.prefill_s(rep.prefilled - mark[2])
         if prefill_s <= SPEED_PREFILL_SHARE * decode_s:
             self.speeds.observe(replica_id, elapsed_s, decode_s + prefill_s)
+        else:
+            self.speeds.left_out(replica_id)
 
     def _running(self, batch: float, kv: float) -> tuple[float, float]:
         """The batch and KV that run of those placed on a replica: past the KV capacity, vLLM runs only
@@ -438,6 +440,7 @@ class TailAwarePolicy(CentralQueuePolicy):
         out["boundary_gap_ms"] = round(1e3 * self._gap_s, 3)
         out["boundary_ms"] = round(1e3 * self.boundary_s, 3)
         out["replica_speed"] = {r: round(speed, 3) for r, speed in self.speeds.speeds.items()}
+        out["replica_speed_evidence"] = self.speeds.evidence()
         return out
 
     # ---- chunk size -----------------------------------------------------------------------

@@ -70,6 +70,33 @@ def test_speeds_ignore_unknown_replicas_and_empty_intervals():
     assert speeds.speeds == {}
 
 
+def test_a_small_fleet_is_re_estimated_once_per_round_of_intervals():
+    # Two replicas on a short real run give a few dozen intervals in all: re-estimating only every
+    # ESTIMATE_EVERY intervals left a replica at +200 ms per step learned as 1.0 in one run of
+    # tests/integration/test_router_real.py (its intervals came after the last estimate).
+    speeds = ReplicaSpeeds()
+    for rid in ("fast", "slow"):
+        speeds.add_replica(rid)
+    assert not speeds.observe("fast", 1.0, 1.0)
+    assert speeds.observe("slow", 9.0, 1.0)  # the second interval: a round of two
+    assert speeds.speeds["slow"] == pytest.approx(3.0 / 1.1) and speeds.speeds["fast"] == 1.0
+    # A fleet larger than ESTIMATE_EVERY still re-estimates every ESTIMATE_EVERY intervals.
+    big = ReplicaSpeeds()
+    for i in range(4 * ESTIMATE_EVERY):
+        big.add_replica(f"r{i}")
+    taken = [big.observe(f"r{i}", 2.0, 1.0) for i in range(4 * ESTIMATE_EVERY)]
+    assert [i + 1 for i, t in enumerate(taken) if t] == [ESTIMATE_EVERY * k for k in range(1, 5)]
+
+
+def test_evidence_counts_what_was_taken_and_left_out():
+    speeds = ReplicaSpeeds()
+    speeds.add_replica("a")
+    speeds.observe("a", 2.0, 1.0)
+    speeds.left_out("a")
+    speeds.left_out("gone")  # a replica removed meanwhile: nothing to count
+    assert speeds.evidence() == {"a": {"elapsed_s": 2.0, "model_s": 1.0, "intervals": 1, "left_out": 1}}
+
+
 def _run(speed_profile: str, replicas: int = 4, learn: bool = True, monkeypatch=None):
     cfg = WorkloadConfig(prompts=16, samples=16, mean_tokens=3500, cap_tokens=20480, icc=0.6, seed=1)
     predictor = LengthPredictor()
