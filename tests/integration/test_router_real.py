@@ -253,10 +253,11 @@ def test_the_policy_finds_the_slowed_replica_and_only_it(report):
     # a fleet this small re-estimates every round (speeds.py): +200 ms learned 6.31, +50 ms 1.90.
     assert learned[slow] >= 1.8, learned
     assert all(speed == 1.0 for rid, speed in learned.items() if rid != slow), learned
-    # The control: the same batch on equal replicas finds no replica that slow (runs here: 1.11, 1.0,
-    # 1.07, 1.33; the two engines share two cores unevenly, and the evidence is a few dozen intervals).
+    # The control: the same batch on equal replicas finds no replica that slow. Runs here: 1.11, 1.0,
+    # 1.07, 1.33, 1.14, 1.08 (1.33: a 2.15x ratio); the two engines share two cores unevenly, and the
+    # evidence is a few dozen intervals. 1.6 is a 3.1x ratio.
     equal = report["speeds_equal_status"]["policy"]["replica_speed"]
-    assert set(equal) == set(report["servers"]) and max(equal.values()) < 1.4, equal
+    assert set(equal) == set(report["servers"]) and max(equal.values()) < 1.6, equal
 
 
 def test_killed_replica_loses_and_duplicates_nothing(report):
