@@ -217,6 +217,7 @@ def run_real(a) -> dict:
                 "boundary_gap_ms": status["policy"].get("boundary_gap_ms"),  # what the policy saw
                 "boundary_ms": status["policy"].get("boundary_ms"),  # gap + the fitted per-chunk cost
                 "replica_speed": status["policy"].get("replica_speed"),  # each replica's, beside the others
+                "replica_speed_evidence": status["policy"].get("replica_speed_evidence"),  # what it rests on
                 "router_cpu_s": round(status["router_cpu_s"] - cpu0_s, 3),  # the measured batch only
                 "wrong_lengths": sum(len(o.token_ids) != j["length"] for j, o in zip(measured, outs)),
                 "predictor": status["policy"].get("predictor"),
@@ -248,6 +249,7 @@ def run_real(a) -> dict:
                 "boundary_ms": [r["boundary_ms"] for r in reps],
                 "router_cpu_s": [r["router_cpu_s"] for r in reps],
                 "replica_speed": [r["replica_speed"] for r in reps],
+                "replica_speed_evidence": [r["replica_speed_evidence"] for r in reps],
                 "wrong_lengths": sum(r["wrong_lengths"] for r in reps),
                 "predictor": reps[-1]["predictor"],
             })

@@ -253,6 +253,11 @@ def test_the_policy_finds_the_slowed_replica_and_only_it(report):
     # a fleet this small re-estimates every round (speeds.py): +200 ms learned 6.31, +50 ms 1.90.
     assert learned[slow] >= 1.8, learned
     assert all(speed == 1.0 for rid, speed in learned.items() if rid != slow), learned
+    # What the speeds rest on, in the status: every replica timed, the slowed one far above the other.
+    evidence = report["speeds_slow_status"]["policy"]["replica_speed_evidence"]
+    assert set(evidence) == set(learned) and all(e["intervals"] > 0 for e in evidence.values()), evidence
+    ratio = {rid: e["elapsed_s"] / e["model_s"] for rid, e in evidence.items()}
+    assert all(ratio[slow] > 3 * r for rid, r in ratio.items() if rid != slow), evidence
     # The control: the same batch on equal replicas finds no replica that slow. Runs here: 1.11, 1.0,
     # 1.07, 1.33, 1.14, 1.08 (1.33: a 2.15x ratio); the two engines share two cores unevenly, and the
     # evidence is a few dozen intervals. 1.6 is a 3.1x ratio.
