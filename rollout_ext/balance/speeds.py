@@ -27,6 +27,7 @@ unchanged, and one replica 1.5x slower is still found (docs/router.md, "Session 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
 
 # Intervals between re-estimates of the speeds; a fleet of fewer replicas re-estimates once per round
 # (one interval per replica on average): a short real run on two replicas gives a few dozen intervals.
@@ -35,51 +36,59 @@ WINDOW_S = 3600.0  # a replica's sums are halved after this much model time
 DEADBAND = math.log(1.1)  # speeds within 10% of the mean count as equal
 
 
+@dataclass(slots=True)
+class _Evidence:
+    """One replica's timed intervals: their summed time and model time (halved together), and how many
+    were taken and left out."""
+
+    elapsed_s: float = 0.0
+    model_s: float = 0.0
+    intervals: int = 0
+    left_out: int = 0
+
+
 class ReplicaSpeeds:
     def __init__(self) -> None:
-        self._sums: dict[str, list[float]] = {}  # replica -> [elapsed s, model s]
+        self._evidence: dict[str, _Evidence] = {}
         self._intervals = 0
-        self._counts: dict[str, list[int]] = {}  # replica -> [intervals taken, intervals left out]
         self.speeds: dict[str, float] = {}  # replica -> step time over the others' (>= 1: slower, or 1)
 
     def add_replica(self, replica_id: str) -> None:
-        self._sums.setdefault(replica_id, [0.0, 0.0])
-        self._counts.setdefault(replica_id, [0, 0])
+        self._evidence.setdefault(replica_id, _Evidence())
         self.speeds.setdefault(replica_id, 1.0)
 
     def remove_replica(self, replica_id: str) -> None:
-        self._sums.pop(replica_id, None)
-        self._counts.pop(replica_id, None)
+        self._evidence.pop(replica_id, None)
         self.speeds.pop(replica_id, None)
 
     def observe(self, replica_id: str, elapsed_s: float, model_s: float) -> bool:
         """`replica_id` ran for `elapsed_s` what the fitted model times at `model_s`. True when the speeds
         were re-estimated (every ESTIMATE_EVERY intervals, or every len(replicas) if that is fewer)."""
-        sums = self._sums.get(replica_id)
-        if sums is None or not (elapsed_s > 0 and model_s > 0):
+        ev = self._evidence.get(replica_id)
+        if ev is None or not (elapsed_s > 0 and model_s > 0):
             return False
-        self._counts[replica_id][0] += 1
-        sums[0] += elapsed_s
-        sums[1] += model_s
-        if sums[1] >= WINDOW_S:
-            sums[0] /= 2
-            sums[1] /= 2
+        ev.intervals += 1
+        ev.elapsed_s += elapsed_s
+        ev.model_s += model_s
+        if ev.model_s >= WINDOW_S:
+            ev.elapsed_s /= 2
+            ev.model_s /= 2
         self._intervals += 1
-        if self._intervals % min(ESTIMATE_EVERY, len(self._sums)):
+        if self._intervals % min(ESTIMATE_EVERY, len(self._evidence)):
             return False
-        logs = {rid: math.log(e / m) for rid, (e, m) in self._sums.items() if e > 0 and m > 0}
+        logs = {rid: math.log(e.elapsed_s / e.model_s) for rid, e in self._evidence.items() if e.intervals}
         mean = sum(logs.values()) / len(logs)
-        for rid in self._sums:
+        for rid in self._evidence:
             d = logs.get(rid, mean) - mean
             self.speeds[rid] = math.exp(max(0.0, d - DEADBAND))
         return True
 
     def left_out(self, replica_id: str) -> None:
         """An interval of `replica_id` that was not evidence (mostly prefill)."""
-        if replica_id in self._counts:
-            self._counts[replica_id][1] += 1
+        if (ev := self._evidence.get(replica_id)) is not None:
+            ev.left_out += 1
 
     def evidence(self) -> dict[str, dict]:
         """Per replica: its summed time and model time, and how many intervals were taken and left out."""
-        return {rid: {"elapsed_s": round(e, 4), "model_s": round(m, 4), "intervals": self._counts[rid][0],
-                      "left_out": self._counts[rid][1]} for rid, (e, m) in self._sums.items()}
+        return {rid: {**asdict(e), "elapsed_s": round(e.elapsed_s, 4), "model_s": round(e.model_s, 4)}
+                for rid, e in self._evidence.items()}
