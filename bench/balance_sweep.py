@@ -15,7 +15,10 @@ constant wrong by --prior-error in alternating directions. tail_aware refines it
 simulated clock (rollout_ext/balance/calibration.py) unless --no-clock.
 
 --oracle adds oracle_lpt (true lengths, longest first, no moves) per cell: what placement alone could
-reach with perfect predictions, a yardstick for the target.
+reach with perfect predictions, a yardstick for the target. --hindsight adds tail_aware_hindsight: the
+predicted lengths at dispatch, the true remaining length of every sequence once it has started, and
+moves on small gains (bench/rollout_balance.py, HINDSIGHT_MOVES): what moves could reach if survivors'
+lengths were known, so what is left between it and oracle_lpt only dispatch can win.
 
 --compare OTHER.json prints, per step model, tail_aware's makespan over the same cell's in another
 sweep's JSON (the calibration check: an `off` run against a `true --no-clock` run).
@@ -53,6 +56,9 @@ from rollout_ext.balance.step_model import STEP_MODELS, StepModel, lower_bound_d
 from rollout_ext.balance.workload import WorkloadConfig, make_workload  # noqa: E402
 
 POLICIES = ("tail_aware_placement", "tail_aware")
+# Reference policies a flag adds -> their summary key and column label.
+YARDSTICKS = {"oracle_lpt": "oracle_vs_verl_geo", "tail_aware_hindsight": "hindsight_vs_verl_geo"}
+YARDSTICK_LABELS = {"oracle_vs_verl_geo": "oracle/verl", "hindsight_vs_verl_geo": "hindsight/verl"}
 
 
 def _list(flag: str, text: str, kind, ok, allowed: str) -> list:
@@ -89,6 +95,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--target", type=float, default=0.92, help="required geometric mean of tail_aware / verl_default")
     p.add_argument("--oracle", action="store_true",
                    help="also run oracle_lpt (true lengths, longest first): what placement alone could reach")
+    p.add_argument("--hindsight", action="store_true",
+                   help="also run tail_aware_hindsight (true remaining lengths once started): what moves could reach")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="cells simulated in parallel")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
@@ -133,7 +141,8 @@ def run_cell(cell: dict) -> dict:
     verl = [run("verl_default", seed).makespan_s for seed in range(cell["verl_seeds"])]
     makespan = {"verl_default": statistics.fmean(verl)}
     moves = {}
-    for name in POLICIES + (("oracle_lpt",) if cell["oracle"] else ()):
+    yardsticks = (("oracle_lpt",) if cell["oracle"] else ()) + (("tail_aware_hindsight",) if cell.get("hindsight") else ())
+    for name in POLICIES + yardsticks:
         res = run(name, 0)
         makespan[name], moves[name] = res.makespan_s, res.moves
     return {**cell, "t_star_s": t_star, "t_dl_s": t_dl, "makespan_s": makespan, "verl_default_runs_s": verl,
@@ -165,8 +174,9 @@ def summarize(rows: list[dict], target: float) -> dict:
                 "vs_t_dl_worst": max(r["vs_t_dl"]["tail_aware"] for r in cells),
                 "verl_vs_t_dl_geo": _geo(r["vs_t_dl"]["verl_default"] for r in cells),
                 "cells_above_1": sum(r["vs_verl"]["tail_aware"] > 1.0 for r in cells)}
-        if all("oracle_lpt" in r["vs_verl"] for r in cells):
-            out["oracle_vs_verl_geo"] = _geo(r["vs_verl"]["oracle_lpt"] for r in cells)
+        for name, key in YARDSTICKS.items():
+            if all(name in r["vs_verl"] for r in cells):
+                out[key] = _geo(r["vs_verl"][name] for r in cells)
         return out
 
     def per(key):
@@ -175,7 +185,7 @@ def summarize(rows: list[dict], target: float) -> dict:
     overall = entry(rows)
     overall["pass"] = overall["cells_above_1"] == 0 and overall["vs_verl_geo"] <= target
     return {"per_step_model": per(lambda r: r["step_model"]), "per_replica_speeds": per(_speeds),
-            "overall": overall, "target": target}
+            "per_replicas": per(lambda r: r["replicas"]), "overall": overall, "target": target}
 
 
 def _speeds(row: dict) -> str:
@@ -185,15 +195,18 @@ def _speeds(row: dict) -> str:
 def summary_lines(summary: dict) -> list[str]:
     head = (f"{'step model':<14} {'cells':>5}  {'TA/verl geo':>11} {'worst':>6} {'>1':>3}  {'TAplace/verl':>12}"
             f"  {'TA/T* geo':>9} {'worst':>6}  {'TA/T*dl geo':>11} {'worst':>6}  {'verl/T*dl':>9}")
-    oracle = "oracle_vs_verl_geo" in summary["overall"]
-    lines = [head + (f"  {'oracle/verl':>11}" if oracle else "")]
+    shown = [(key, label) for key, label in YARDSTICK_LABELS.items() if key in summary["overall"]]
+    lines = [head + "".join(f"  {label:>11}" for _, label in shown)]
+    widths = [max(11, len(label)) for _, label in shown]
     speeds = summary.get("per_replica_speeds", {})
     by_speeds = [(f"speeds {name}", e) for name, e in speeds.items()] if len(speeds) > 1 else []
-    for name, e in [*summary["per_step_model"].items(), *by_speeds, ("all", summary["overall"])]:
+    by_r = summary.get("per_replicas", {})
+    by_r = [(f"R={name}", e) for name, e in by_r.items()] if len(by_r) > 1 else []
+    for name, e in [*summary["per_step_model"].items(), *by_speeds, *by_r, ("all", summary["overall"])]:
         lines.append(f"{name:<14} {e['cells']:>5}  {e['vs_verl_geo']:>11.3f} {e['vs_verl_worst']:>6.3f} "
                      f"{e['cells_above_1']:>3}  {e['placement_vs_verl_geo']:>12.3f}  {e['vs_t_star_geo']:>9.3f} "
                      f"{e['vs_t_star_worst']:>6.3f}  {e['vs_t_dl_geo']:>11.3f} {e['vs_t_dl_worst']:>6.3f}  "
-                     f"{e['verl_vs_t_dl_geo']:>9.3f}" + (f"  {e['oracle_vs_verl_geo']:>11.3f}" if oracle else ""))
+                     f"{e['verl_vs_t_dl_geo']:>9.3f}" + "".join(f"  {e[key]:>{w}.3f}" for (key, _), w in zip(shown, widths)))
     return lines
 
 
@@ -227,7 +240,7 @@ def main(argv=None) -> int:
     cells = [{"step_model": m, "replica_speeds": sp, "replicas": r, "icc": icc, "cap_tokens": cap, "seed": a.seed + k,
               "prompts": a.prompts, "samples": a.samples, "mean_len": a.mean_len, "chunk_tokens": a.chunk_tokens,
               "verl_seeds": a.verl_seeds, "policy_model": a.policy_model, "prior_error": a.prior_error,
-              "clock": not a.no_clock, "oracle": a.oracle, "round_trip_ms": a.round_trip_ms}
+              "clock": not a.no_clock, "oracle": a.oracle, "hindsight": a.hindsight, "round_trip_ms": a.round_trip_ms}
              for sp in a.speeds_list for m in a.model_list for r in a.replica_list for icc in a.icc_list
              for cap in a.cap_list for k in range(a.seeds)]
     print(f"{len(cells)} cells: {a.prompts}x{a.samples} prompts, mean {a.mean_len:.0f}, chunk {a.chunk_tokens}, "

@@ -20,6 +20,8 @@ Model (matches how lengths behave in GRPO groups, not one workload's constants):
   finish; `calibration()` reports mean |log(pred / true)| for it and for the prior alone.
 
 `OraclePredictor` has the same interface and knows the true lengths (reference runs only).
+`HindsightPredictor` knows them too, but reveals one only once its sequence has started: at
+dispatch it answers as the predictor it wraps (reference runs only).
 """
 
 from __future__ import annotations
@@ -295,6 +297,34 @@ class OraclePredictor:
 
     def end_epoch(self) -> None:
         pass
+
+
+class HindsightPredictor:
+    """Predicts a request's length with `inner` until it has generated a token, then knows the rest.
+
+    A yardstick for moves: what re-dispatch reaches when every survivor's remaining length is known
+    exactly, while placement still has only the prediction (reference runs only)."""
+
+    def __init__(self, inner, true_lengths: dict[str, int]) -> None:
+        self.inner = inner
+        self._true = dict(true_lengths)
+
+    def observe(self, request: Request, generated_tokens: int, finished: bool) -> None:
+        self.inner.observe(request, generated_tokens, finished)
+
+    def remaining_tokens(self, request: Request, generated_tokens: int) -> float:
+        if generated_tokens <= 0:
+            return self.inner.remaining_tokens(request, generated_tokens)
+        return float(max(0, self._true[request.request_id] - generated_tokens))
+
+    def icc(self) -> float:
+        return self.inner.icc()
+
+    def calibration(self) -> dict:
+        return {**self.inner.calibration(), "hindsight": True}
+
+    def end_epoch(self) -> None:
+        self.inner.end_epoch()
 
 
 def _trim(table: OrderedDict, cap: int) -> None:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from rollout_ext.balance.policy import OracleLPTPolicy, RoundRobinPolicy, VerlDefaultPolicy
-from rollout_ext.balance.predictor import LengthPredictor, OraclePredictor
+from rollout_ext.balance.predictor import HindsightPredictor, LengthPredictor, OraclePredictor
 from rollout_ext.balance.simulator import Simulator, simulate
 from rollout_ext.balance.step_model import StepModel, lower_bound_s
 from rollout_ext.balance.tail_aware import BOUNDARY_SHARE, TailAwareConfig, TailAwarePolicy
@@ -260,6 +260,28 @@ def test_registry_builds_every_policy_by_name_and_refuses_others():
     assert "oracle_lpt" not in ROUTER_POLICIES and set(ROUTER_POLICIES) < set(POLICIES)
     with pytest.raises(ValueError, match=r"policy='lpt'; allowed: round_robin, verl_default, tail_aware_placement"):
         make_policy("lpt")
+
+
+def test_hindsight_predicts_at_dispatch_and_knows_a_started_sequence():
+    from rollout_ext.balance.workload import requests_of, warm_history
+
+    cfg = WorkloadConfig(prompts=8, samples=4, mean_tokens=600, cap_tokens=4096, seed=3)
+    w = make_workload(cfg)
+    inner = LengthPredictor()
+    warm_history(inner, make_workload(cfg, epoch=-1))
+    hindsight = HindsightPredictor(inner, dict(zip(w.request_ids, map(int, w.lengths))))
+    requests = requests_of(w)
+    for request, length in zip(requests, w.lengths):
+        # At dispatch it is the predictor it wraps; once started, it knows what is left.
+        assert hindsight.remaining_tokens(request, 0) == inner.remaining_tokens(request, 0)
+        assert hindsight.remaining_tokens(request, 5) == max(0, length - 5)
+    # Control: the wrapped predictor does not know it, so the two answers differ once started.
+    assert any(abs(inner.remaining_tokens(r, 5) - max(0, n - 5)) > 50 for r, n in zip(requests, w.lengths))
+    # What it is told about finished siblings reaches the wrapped predictor (the queue is re-keyed on it).
+    before = inner.remaining_tokens(requests[1], 0)
+    hindsight.observe(requests[0], int(w.lengths[0]), True)
+    assert inner.remaining_tokens(requests[1], 0) != before
+    assert hindsight.icc() == inner.icc() and hindsight.calibration()["hindsight"] is True
 
 
 class BoundaryLog(CheckedPolicy):

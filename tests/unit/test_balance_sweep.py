@@ -15,7 +15,7 @@ def test_sweep_summary_matches_the_rows(repo_root, tmp_path):
     out = tmp_path / "sweep.json"
     proc = _sweep(repo_root, "--prompts", "6", "--samples", "4", "--replicas", "2,3", "--iccs", "0.3",
                   "--caps", "8192", "--seeds", "1", "--verl-seeds", "3", "--step-models", "default,kv_heavy",
-                  "--jobs", "1", "--oracle", "--json", str(out))
+                  "--jobs", "1", "--oracle", "--hindsight", "--json", str(out))
     assert proc.returncode in (0, 1), proc.stderr
     data = json.loads(out.read_text())
     rows, summary = data["rows"], data["summary"]
@@ -32,6 +32,15 @@ def test_sweep_summary_matches_the_rows(repo_root, tmp_path):
     oracle = [r["vs_verl"]["oracle_lpt"] for r in rows]  # --oracle: true-length LPT beside them
     assert math.isclose(summary["overall"]["oracle_vs_verl_geo"], math.exp(sum(map(math.log, oracle)) / 4))
     assert "oracle/verl" in proc.stdout
+    # --hindsight: tail_aware knowing survivors' lengths, per cell and in every summary row.
+    hindsight = [r["vs_verl"]["tail_aware_hindsight"] for r in rows]
+    assert math.isclose(summary["overall"]["hindsight_vs_verl_geo"], math.exp(sum(map(math.log, hindsight)) / 4))
+    assert "hindsight/verl" in proc.stdout
+    # Per R too: each R's row holds its own cells.
+    for replicas, entry in summary["per_replicas"].items():
+        cells = [r["vs_verl"]["tail_aware"] for r in rows if r["replicas"] == int(replicas)]
+        assert entry["cells"] == len(cells) == 2 and math.isclose(entry["vs_verl_worst"], max(cells))
+    assert "\nR=2 " in proc.stdout and "\nR=3 " in proc.stdout
     overall = summary["overall"]
     assert overall["pass"] == (overall["cells_above_1"] == 0 and overall["vs_verl_geo"] <= 0.92)
     assert proc.returncode == (0 if overall["pass"] else 1)
@@ -47,6 +56,7 @@ def test_compare_pairs_cells_with_another_sweep(repo_root, tmp_path):
     assert "all                3  1.0000  1.0000  1.0000" in same.stdout  # the same runs: exactly 1
     assert "policies given the true step model, no clock" in same.stdout
     assert "oracle/verl" not in same.stdout  # the control of --oracle: no oracle row unless asked
+    assert "hindsight/verl" not in same.stdout and "\nR=2 " not in same.stdout  # one R: no per-R row
     off = _sweep(repo_root, *small, "--policy-model", "off", "--prior-error", "2.5", "--compare", str(first))
     assert "(x2.5 alternating), calibrated from the clock" in off.stdout
     assert "tail_aware here / tail_aware in --compare" in off.stdout
