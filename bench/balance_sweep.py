@@ -56,9 +56,9 @@ from rollout_ext.balance.step_model import STEP_MODELS, StepModel, lower_bound_d
 from rollout_ext.balance.workload import WorkloadConfig, make_workload  # noqa: E402
 
 POLICIES = ("tail_aware_placement", "tail_aware")
-# Reference policies a flag adds -> their summary key and column label.
-YARDSTICKS = {"oracle_lpt": "oracle_vs_verl_geo", "tail_aware_hindsight": "hindsight_vs_verl_geo"}
-YARDSTICK_LABELS = {"oracle_vs_verl_geo": "oracle/verl", "hindsight_vs_verl_geo": "hindsight/verl"}
+# Reference policies -> the flag (and cell field) that adds them, their summary key and column label.
+YARDSTICKS = {"oracle_lpt": ("oracle", "oracle_vs_verl_geo", "oracle/verl"),
+              "tail_aware_hindsight": ("hindsight", "hindsight_vs_verl_geo", "hindsight/verl")}
 
 
 def _list(flag: str, text: str, kind, ok, allowed: str) -> list:
@@ -141,8 +141,7 @@ def run_cell(cell: dict) -> dict:
     verl = [run("verl_default", seed).makespan_s for seed in range(cell["verl_seeds"])]
     makespan = {"verl_default": statistics.fmean(verl)}
     moves = {}
-    yardsticks = (("oracle_lpt",) if cell["oracle"] else ()) + (("tail_aware_hindsight",) if cell.get("hindsight") else ())
-    for name in POLICIES + yardsticks:
+    for name in POLICIES + tuple(name for name, (flag, _, _) in YARDSTICKS.items() if cell.get(flag)):
         res = run(name, 0)
         makespan[name], moves[name] = res.makespan_s, res.moves
     return {**cell, "t_star_s": t_star, "t_dl_s": t_dl, "makespan_s": makespan, "verl_default_runs_s": verl,
@@ -174,7 +173,7 @@ def summarize(rows: list[dict], target: float) -> dict:
                 "vs_t_dl_worst": max(r["vs_t_dl"]["tail_aware"] for r in cells),
                 "verl_vs_t_dl_geo": _geo(r["vs_t_dl"]["verl_default"] for r in cells),
                 "cells_above_1": sum(r["vs_verl"]["tail_aware"] > 1.0 for r in cells)}
-        for name, key in YARDSTICKS.items():
+        for name, (_, key, _) in YARDSTICKS.items():
             if all(name in r["vs_verl"] for r in cells):
                 out[key] = _geo(r["vs_verl"][name] for r in cells)
         return out
@@ -195,9 +194,9 @@ def _speeds(row: dict) -> str:
 def summary_lines(summary: dict) -> list[str]:
     head = (f"{'step model':<14} {'cells':>5}  {'TA/verl geo':>11} {'worst':>6} {'>1':>3}  {'TAplace/verl':>12}"
             f"  {'TA/T* geo':>9} {'worst':>6}  {'TA/T*dl geo':>11} {'worst':>6}  {'verl/T*dl':>9}")
-    shown = [(key, label) for key, label in YARDSTICK_LABELS.items() if key in summary["overall"]]
-    lines = [head + "".join(f"  {label:>11}" for _, label in shown)]
-    widths = [max(11, len(label)) for _, label in shown]
+    # (summary key, label, column width) of each reference policy the sweep ran
+    shown = [(key, label, max(11, len(label))) for _, key, label in YARDSTICKS.values() if key in summary["overall"]]
+    lines = [head + "".join(f"  {label:>{w}}" for _, label, w in shown)]
     speeds = summary.get("per_replica_speeds", {})
     by_speeds = [(f"speeds {name}", e) for name, e in speeds.items()] if len(speeds) > 1 else []
     by_r = summary.get("per_replicas", {})
@@ -206,7 +205,7 @@ def summary_lines(summary: dict) -> list[str]:
         lines.append(f"{name:<14} {e['cells']:>5}  {e['vs_verl_geo']:>11.3f} {e['vs_verl_worst']:>6.3f} "
                      f"{e['cells_above_1']:>3}  {e['placement_vs_verl_geo']:>12.3f}  {e['vs_t_star_geo']:>9.3f} "
                      f"{e['vs_t_star_worst']:>6.3f}  {e['vs_t_dl_geo']:>11.3f} {e['vs_t_dl_worst']:>6.3f}  "
-                     f"{e['verl_vs_t_dl_geo']:>9.3f}" + "".join(f"  {e[key]:>{w}.3f}" for (key, _), w in zip(shown, widths)))
+                     f"{e['verl_vs_t_dl_geo']:>9.3f}" + "".join(f"  {e[key]:>{w}.3f}" for key, _, w in shown))
     return lines
 
 
@@ -240,7 +239,8 @@ def main(argv=None) -> int:
     cells = [{"step_model": m, "replica_speeds": sp, "replicas": r, "icc": icc, "cap_tokens": cap, "seed": a.seed + k,
               "prompts": a.prompts, "samples": a.samples, "mean_len": a.mean_len, "chunk_tokens": a.chunk_tokens,
               "verl_seeds": a.verl_seeds, "policy_model": a.policy_model, "prior_error": a.prior_error,
-              "clock": not a.no_clock, "oracle": a.oracle, "hindsight": a.hindsight, "round_trip_ms": a.round_trip_ms}
+              "clock": not a.no_clock, **{flag: getattr(a, flag) for flag, _, _ in YARDSTICKS.values()},
+              "round_trip_ms": a.round_trip_ms}
              for sp in a.speeds_list for m in a.model_list for r in a.replica_list for icc in a.icc_list
              for cap in a.cap_list for k in range(a.seeds)]
     print(f"{len(cells)} cells: {a.prompts}x{a.samples} prompts, mean {a.mean_len:.0f}, chunk {a.chunk_tokens}, "

@@ -68,12 +68,13 @@ from rollout_ext.balance.step_model import StepModel, lower_bound_s  # noqa: E40
 from rollout_ext.balance.tail_aware import TailAwareConfig  # noqa: E402
 from rollout_ext.balance.workload import WorkloadConfig, make_workload, warm_history  # noqa: E402
 
-# The registry's policies, plus two references: tail_aware with the true lengths, and tail_aware in
-# hindsight (predicted lengths at dispatch, the true remaining length once a sequence has started).
-POLICIES = [*REGISTRY, "tail_aware_oracle", "tail_aware_hindsight"]
 # With exact survivor lengths the shipped move rule is far too cautious (docs/router.md, "Aged remaining
 # lengths": 0.966 in hindsight with it, 0.923 with these), so the hindsight yardstick moves on small gains.
 HINDSIGHT_MOVES = {"move_margin": 0.003, "move_rem_factor": 1.0, "max_moves_per_request": 3}
+# Reference runs of tail_aware -> (what its predictor knows, the TailAwareConfig fields it fixes):
+# the true lengths, or the prediction at dispatch and the true remaining length once started.
+REFERENCES = {"tail_aware_oracle": ("oracle", {}), "tail_aware_hindsight": ("hindsight", HINDSIGHT_MOVES)}
+POLICIES = [*REGISTRY, *REFERENCES]
 
 
 def _int_list(flag: str, text: str, minimum: int) -> list[int]:
@@ -133,19 +134,18 @@ def make_policy(name: str, workload, previous, model: StepModel, seed: int):
     length once a sequence has started (HINDSIGHT_MOVES)."""
     if name not in POLICIES:
         raise ValueError(f"policy={name!r}; allowed: {', '.join(POLICIES)}")
-    base = "tail_aware" if name in ("tail_aware_oracle", "tail_aware_hindsight") else name
+    knows, config = REFERENCES.get(name, ("oracle" if name == "oracle_lpt" else "prediction", None))
+    base = "tail_aware" if name in REFERENCES else name
     predictor = None
-    true = dict(zip(workload.request_ids, map(int, workload.lengths)))
     if REGISTRY[base].predicted:
-        if name in ("oracle_lpt", "tail_aware_oracle"):
-            predictor = OraclePredictor(true)
-        else:
+        if knows != "oracle":
             predictor = LengthPredictor()
             warm_history(predictor, previous)
-            if name == "tail_aware_hindsight":
-                predictor = HindsightPredictor(predictor, true)
+        if knows != "prediction":
+            true = dict(zip(workload.request_ids, map(int, workload.lengths)))
+            predictor = OraclePredictor(true) if knows == "oracle" else HindsightPredictor(predictor, true)
     policy = registry_policy(base, predictor=predictor, model=model, slots_per_replica=model.max_num_seqs,
-                             tail_aware=HINDSIGHT_MOVES if name == "tail_aware_hindsight" else None, seed=seed)
+                             tail_aware=config, seed=seed)
     policy.name = name
     return policy
 

@@ -307,15 +307,14 @@ class HindsightPredictor:
 
     def __init__(self, inner, true_lengths: dict[str, int]) -> None:
         self.inner = inner
-        self._true = dict(true_lengths)
+        self._oracle = OraclePredictor(true_lengths)
 
     def observe(self, request: Request, generated_tokens: int, finished: bool) -> None:
         self.inner.observe(request, generated_tokens, finished)
 
     def remaining_tokens(self, request: Request, generated_tokens: int) -> float:
-        if generated_tokens <= 0:
-            return self.inner.remaining_tokens(request, generated_tokens)
-        return float(max(0, self._true[request.request_id] - generated_tokens))
+        started = self._oracle if generated_tokens > 0 else self.inner
+        return started.remaining_tokens(request, generated_tokens)
 
     def icc(self) -> float:
         return self.inner.icc()

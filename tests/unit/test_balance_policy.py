@@ -12,7 +12,7 @@ from rollout_ext.balance.predictor import HindsightPredictor, LengthPredictor, O
 from rollout_ext.balance.simulator import Simulator, simulate
 from rollout_ext.balance.step_model import StepModel, lower_bound_s
 from rollout_ext.balance.tail_aware import BOUNDARY_SHARE, TailAwareConfig, TailAwarePolicy
-from rollout_ext.balance.workload import WorkloadConfig, make_workload
+from rollout_ext.balance.workload import WorkloadConfig, make_workload, requests_of, warm_history
 
 NAMES = ["round_robin", "verl_default", "oracle_lpt", "tail_aware_placement", "tail_aware"]
 SMALL_MODEL = StepModel(max_num_seqs=8, kv_capacity_tokens=40_000)
@@ -263,8 +263,6 @@ def test_registry_builds_every_policy_by_name_and_refuses_others():
 
 
 def test_hindsight_predicts_at_dispatch_and_knows_a_started_sequence():
-    from rollout_ext.balance.workload import requests_of, warm_history
-
     cfg = WorkloadConfig(prompts=8, samples=4, mean_tokens=600, cap_tokens=4096, seed=3)
     w = make_workload(cfg)
     inner = LengthPredictor()
