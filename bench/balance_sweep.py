@@ -20,6 +20,9 @@ predicted lengths at dispatch, the true remaining length of every sequence once 
 moves on small gains (bench/rollout_balance.py, HINDSIGHT_MOVES): what moves could reach if survivors'
 lengths were known, so what is left between it and oracle_lpt only dispatch can win.
 
+--plot PNG draws every cell over its verl_default mean, one panel per step model, with verl's tie-break
+range, the yardsticks that ran and the target; --replot JSON redraws it from an earlier sweep's --json.
+
 --compare OTHER.json prints, per step model, tail_aware's makespan over the same cell's in another
 sweep's JSON (the calibration check: an `off` run against a `true --no-clock` run).
 
@@ -31,6 +34,7 @@ Examples (512x16 prompts, 48 cells; ~20 min on 2 cores):
   python bench/balance_sweep.py --json out/sweep.json
   python bench/balance_sweep.py --policy-model true --no-clock --json out/sweep_true.json
   python bench/balance_sweep.py --policy-model off --prior-error 2.5 --compare out/sweep_true.json
+  python bench/balance_sweep.py --replot out/sweep.json --plot out/sweep.png
 """
 
 from __future__ import annotations
@@ -99,7 +103,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="also run tail_aware_hindsight (true remaining lengths once started): what moves could reach")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="cells simulated in parallel")
     p.add_argument("--json", default=None)
+    p.add_argument("--plot", default=None, help="PNG: every cell over its verl_default mean, a panel per step model")
+    p.add_argument("--replot", default=None, metavar="JSON",
+                   help="draw --plot from an earlier sweep's --json instead of simulating")
     a = p.parse_args(argv)
+    if a.replot and not a.plot:
+        raise SystemExit(f"error: --replot={a.replot}: also give --plot PATH (the PNG to write)")
     a.model_list = _list("--step-models", a.step_models, str, lambda v: v in STEP_MODELS, ", ".join(STEP_MODELS))
     a.replica_list = _list("--replicas", a.replicas, int, lambda v: v >= 1, "integers >= 1")
     a.speeds_list = _list("--replica-speeds", a.replica_speeds, str, lambda v: v in REPLICA_SPEEDS,
@@ -234,8 +243,75 @@ def compare_lines(rows: list[dict], other_rows: list[dict]) -> list[str]:
     return lines
 
 
+def plot(data: dict, path: str) -> None:
+    """One panel per step model: each cell's makespan over its verl_default mean, per R; verl's own
+    tie-break range as a grey bar (the noise a cell sits in), the yardsticks that ran, the target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = data.get("rows") or []
+    if not rows:
+        raise SystemExit("--plot: the sweep has no rows to draw")
+    models = list(dict.fromkeys(r["step_model"] for r in rows))
+    replicas = sorted({r["replicas"] for r in rows})
+    iccs = sorted({r["icc"] for r in rows})
+    target = data.get("summary", {}).get("target")
+    fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models) + 1, 4.6), sharey=True, squeeze=False)
+    marks = {"tail_aware": ("tab:blue", "o", "tail_aware"), "oracle_lpt": ("black", "x", "oracle_lpt (true lengths)"),
+             "tail_aware_hindsight": ("tab:orange", "+", "hindsight (true survivor lengths)")}
+    for ax, model in zip(axes[0], models):
+        cells = [r for r in rows if r["step_model"] == model]
+        for x, reps in enumerate(replicas):
+            here = [r for r in cells if r["replicas"] == reps]
+            for k, r in enumerate(here):
+                dx = 0.5 * ((k + 0.5) / len(here) - 0.5)
+                runs = [v / r["makespan_s"]["verl_default"] for v in r["verl_default_runs_s"]]
+                ax.vlines(x + dx, min(runs), max(runs), color="0.75", linewidth=4, zorder=1)
+                for name, (color, marker, _) in marks.items():
+                    if name not in r["vs_verl"]:
+                        continue
+                    if marker in "x+":  # line markers have no face to leave open
+                        ax.scatter(x + dx, r["vs_verl"][name], color=color, marker=marker, s=26, zorder=3)
+                    else:
+                        ax.scatter(x + dx, r["vs_verl"][name], color=color if r["icc"] == iccs[0] else "white",
+                                   edgecolors=color, marker=marker, s=26, zorder=3)
+            if here:
+                ax.plot([x - 0.3, x + 0.3], [_geo(r["vs_verl"]["tail_aware"] for r in here)] * 2,
+                        color="tab:blue", linewidth=1.2, zorder=2)
+        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", zorder=0)
+        if target is not None:
+            ax.axhline(target, color="tab:red", linewidth=0.8, linestyle=":", zorder=0)
+        e = data["summary"]["per_step_model"][model] if "summary" in data else summarize(cells, 1.0)["overall"]
+        ax.set_title(f"{model}: TA/verl geo {e['vs_verl_geo']:.3f}, worst {e['vs_verl_worst']:.3f}", fontsize=9)
+        ax.set_xticks(range(len(replicas)), [f"R={r}" for r in replicas])
+    axes[0][0].set_ylabel("makespan / verl_default mean (same cell)")
+    handles = [plt.Line2D([], [], color=c, marker=m, linestyle="", label=label) for c, m, label in
+               (marks[n] for n in marks if any(n in r["vs_verl"] for r in rows))]
+    handles += [plt.Line2D([], [], color="0.75", linewidth=4, label="verl_default tie-break range"),
+                plt.Line2D([], [], color="tab:blue", label="tail_aware geo per R")]
+    if len(iccs) > 1:
+        handles.append(plt.Line2D([], [], color="tab:blue", marker="o", markerfacecolor="white", linestyle="",
+                                  label=f"tail_aware, ICC {', '.join(map(str, iccs[1:]))} (filled: {iccs[0]})"))
+    if target is not None:
+        handles.append(plt.Line2D([], [], color="tab:red", linestyle=":", label=f"target geo {target}"))
+    fig.legend(handles=handles, loc="lower center", ncol=min(4, len(handles)), fontsize=8, frameon=False)
+    overall = data.get("summary", {}).get("overall") or summarize(rows, 1.0)["overall"]
+    fig.suptitle(f"{len(rows)} cells, {rows[0]['prompts']}x{rows[0]['samples']} prompts: tail_aware/verl geo "
+                 f"{overall['vs_verl_geo']:.3f}, worst {overall['vs_verl_worst']:.3f}, "
+                 f"{overall['cells_above_1']} above 1", fontsize=10)
+    fig.tight_layout(rect=(0, 0.1, 1, 0.95))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
+    if a.replot:
+        plot(json.loads(Path(a.replot).read_text()), a.plot)
+        print("plot:", a.plot)
+        return 0
     cells = [{"step_model": m, "replica_speeds": sp, "replicas": r, "icc": icc, "cap_tokens": cap, "seed": a.seed + k,
               "prompts": a.prompts, "samples": a.samples, "mean_len": a.mean_len, "chunk_tokens": a.chunk_tokens,
               "verl_seeds": a.verl_seeds, "policy_model": a.policy_model, "prior_error": a.prior_error,
@@ -275,6 +351,9 @@ def main(argv=None) -> int:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps({"setup": setup, "rows": rows, "summary": summary}, indent=1))
         print("json:", a.json)
+    if a.plot:
+        plot({"rows": rows, "summary": summary}, a.plot)
+        print("plot:", a.plot)
     return 0 if overall["pass"] else 1
 
 

@@ -15,8 +15,9 @@ def test_sweep_summary_matches_the_rows(repo_root, tmp_path):
     out = tmp_path / "sweep.json"
     proc = _sweep(repo_root, "--prompts", "6", "--samples", "4", "--replicas", "2,3", "--iccs", "0.3",
                   "--caps", "8192", "--seeds", "1", "--verl-seeds", "3", "--step-models", "default,kv_heavy",
-                  "--jobs", "1", "--oracle", "--hindsight", "--json", str(out))
+                  "--jobs", "1", "--oracle", "--hindsight", "--json", str(out), "--plot", str(tmp_path / "live.png"))
     assert proc.returncode in (0, 1), proc.stderr
+    assert (tmp_path / "live.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads(out.read_text())
     rows, summary = data["rows"], data["summary"]
     assert len(rows) == 4 and {r["step_model"] for r in rows} == {"default", "kv_heavy"}
@@ -99,3 +100,19 @@ def test_sweep_rejects_a_bad_list(repo_root):
     assert proc.returncode != 0 and "--step-models='default,gpu'; allowed: default, kv_heavy, per_seq_heavy" in proc.stderr
     proc = _sweep(repo_root, "--replica-speeds", "equal,fast")
     assert proc.returncode != 0 and "--replica-speeds='equal,fast'; allowed: equal, one_slow, spread" in proc.stderr
+
+
+def test_replot_draws_a_saved_sweep_without_simulating(repo_root, tmp_path):
+    saved = tmp_path / "sweep.json"
+    _sweep(repo_root, "--prompts", "6", "--samples", "4", "--replicas", "2,3", "--iccs", "0.3,0.85", "--seeds", "1",
+           "--verl-seeds", "2", "--jobs", "1", "--oracle", "--json", str(saved))
+    png = tmp_path / "sweep.png"
+    proc = _sweep(repo_root, "--replot", str(saved), "--plot", str(png))
+    assert proc.returncode == 0, proc.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "cells" not in proc.stdout  # nothing simulated
+    # Controls: a saved sweep with no rows, and --replot with nowhere to draw, both refuse by name.
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"rows": []}')
+    assert "no rows to draw" in _sweep(repo_root, "--replot", str(empty), "--plot", str(png)).stderr
+    alone = _sweep(repo_root, "--replot", str(saved)).stderr.strip()
+    assert alone.endswith(f"--replot={saved}: also give --plot PATH (the PNG to write)")
