@@ -145,7 +145,7 @@ def make_router(manager, policy: str, chunk_tokens: int, slots: int, tmp: Path, 
     from verl.workers.rollout.router import get_router_handle
 
     path = tmp / f"router-{policy}-{time.monotonic_ns()}.yaml"
-    path.write_text("router_class: rollout_ext.verl.router.TailAwareRouter\n"
+    path.write_text("router_class: rollout_ext.verl.router.TailAwareRouterActor\n"
                     f"policy: {policy}\nchunk_tokens: {chunk_tokens}\nslots_per_replica: {slots}\n{extra}")
     servers = dict(zip(manager.server_addresses, manager.server_handles, strict=True))
     return get_router_handle(servers, router_config_path=str(path))
@@ -216,7 +216,7 @@ def run_real(a) -> dict:
                 "boundary_acquire_ms": _per_boundary_ms(outs),
                 "boundary_gap_ms": status["policy"].get("boundary_gap_ms"),  # what the policy saw
                 "boundary_ms": status["policy"].get("boundary_ms"),  # gap + the fitted per-chunk cost
-                "replica_speed": status["policy"].get("replica_speed"),  # each replica's, beside the others
+                "replica_slowdown": status["policy"].get("replica_slowdown"),  # each replica's, beside the others
                 "replica_speed_evidence": status["policy"].get("replica_speed_evidence"),  # what it rests on
                 "router_cpu_s": round(status["router_cpu_s"] - cpu0_s, 3),  # the measured batch only
                 "wrong_lengths": sum(len(o.token_ids) != j["length"] for j, o in zip(measured, outs)),
@@ -248,7 +248,7 @@ def run_real(a) -> dict:
                 "boundary_gap_ms": [r["boundary_gap_ms"] for r in reps],
                 "boundary_ms": [r["boundary_ms"] for r in reps],
                 "router_cpu_s": [r["router_cpu_s"] for r in reps],
-                "replica_speed": [r["replica_speed"] for r in reps],
+                "replica_slowdown": [r["replica_slowdown"] for r in reps],
                 "replica_speed_evidence": [r["replica_speed_evidence"] for r in reps],
                 "wrong_lengths": sum(r["wrong_lengths"] for r in reps),
                 "predictor": reps[-1]["predictor"],
@@ -371,9 +371,9 @@ def report(out: dict) -> None:
     if slow:
         print(f"\nslow replica {slow['address']} (+{slow['step_ms']:g} ms per step); learned speed per run:")
         for r in out["results"]:
-            learned = [(s or {}).get(slow["address"]) for s in r["replica_speed"]]
+            learned = [(s or {}).get(slow["address"]) for s in r["replica_slowdown"]]
             others = [max((v for k, v in (s or {}).items() if k != slow["address"]), default=None)
-                      for s in r["replica_speed"]]
+                      for s in r["replica_slowdown"]]
             print(f"  {r['policy']:<24} slow replica {learned}, fastest other {others}")
 
 

@@ -17,7 +17,7 @@ simulated clock (rollout_ext/balance/calibration.py) unless --no-clock.
 --oracle adds oracle_lpt (true lengths, longest first, no moves) per cell: what placement alone could
 reach with perfect predictions, a yardstick for the target. --hindsight adds tail_aware_hindsight: the
 predicted lengths at dispatch, the true remaining length of every sequence once it has started, and
-moves on small gains (bench/rollout_balance.py, HINDSIGHT_MOVES): what moves could reach if survivors'
+moves on small gains (rollout_ext/balance/registry.py, HINDSIGHT_MOVES): what moves could reach if survivors'
 lengths were known, so what is left between it and oracle_lpt only dispatch can win.
 
 --plot PNG draws every cell over its verl_default mean, one panel per step model, with verl's tie-break
@@ -50,11 +50,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from rollout_balance import make_policy  # noqa: E402
 
 from rollout_ext.balance.calibration import off_by  # noqa: E402
+from rollout_ext.balance.registry import make_policy  # noqa: E402
 from rollout_ext.balance.simulator import REPLICA_SPEEDS, simulate  # noqa: E402
 from rollout_ext.balance.step_model import STEP_MODELS, StepModel, lower_bound_dl_s, lower_bound_s, scaled  # noqa: E402
 from rollout_ext.balance.workload import WorkloadConfig, make_workload  # noqa: E402
@@ -142,7 +140,7 @@ def run_cell(cell: dict) -> dict:
     started = time.perf_counter()
 
     def run(name: str, seed: int):
-        policy = make_policy(name, workload, previous, policy_model, seed)
+        policy = make_policy(name, model=policy_model, seed=seed, history=previous, workload=workload)
         return simulate(workload, policy, replicas, model=model, chunk_tokens=cell["chunk_tokens"],
                         clock=cell["clock"], round_trip_s=cell["round_trip_ms"] * 1e-3,
                         speeds=speeds)

@@ -60,21 +60,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from rollout_ext.balance.predictor import HindsightPredictor, LengthPredictor, OraclePredictor  # noqa: E402
 from rollout_ext.balance.registry import POLICIES as REGISTRY  # noqa: E402
 from rollout_ext.balance.registry import make_policy as registry_policy  # noqa: E402
 from rollout_ext.balance.simulator import simulate  # noqa: E402
 from rollout_ext.balance.step_model import StepModel, lower_bound_s  # noqa: E402
 from rollout_ext.balance.tail_aware import TailAwareConfig  # noqa: E402
-from rollout_ext.balance.workload import WorkloadConfig, make_workload, warm_history  # noqa: E402
+from rollout_ext.balance.workload import WorkloadConfig, make_workload  # noqa: E402
 
-# With exact survivor lengths the shipped move rule is far too cautious (docs/router.md, "Aged remaining
-# lengths": 0.966 in hindsight with it, 0.923 with these), so the hindsight yardstick moves on small gains.
-HINDSIGHT_MOVES = {"move_margin": 0.003, "move_rem_factor": 1.0, "max_moves_per_request": 3}
-# Reference runs of tail_aware -> (what its predictor knows, the TailAwareConfig fields it fixes):
-# the true lengths, or the prediction at dispatch and the true remaining length once started.
-REFERENCES = {"tail_aware_oracle": ("oracle", {}), "tail_aware_hindsight": ("hindsight", HINDSIGHT_MOVES)}
-POLICIES = [*REGISTRY, *REFERENCES]
+# Every policy of the registry, the reference runs of tail_aware included (their spec says what they know).
+POLICIES = list(REGISTRY)
+REAL_BENCH = Path(__file__).with_name("balance_real.py")
 
 
 def _int_list(flag: str, text: str, minimum: int) -> list[int]:
@@ -128,26 +123,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def make_policy(name: str, workload, previous, model: StepModel, seed: int):
-    """A policy from rollout_ext.balance.registry; predicted ones get a predictor warmed with `previous`
-    (oracle ones the true lengths). tail_aware_oracle is tail_aware with the true lengths;
-    tail_aware_hindsight is tail_aware with the warmed predictor at dispatch and the true remaining
-    length once a sequence has started (HINDSIGHT_MOVES)."""
-    if name not in POLICIES:
-        raise ValueError(f"policy={name!r}; allowed: {', '.join(POLICIES)}")
-    knows, config = REFERENCES.get(name, ("oracle" if name == "oracle_lpt" else "prediction", None))
-    base = "tail_aware" if name in REFERENCES else name
-    predictor = None
-    if REGISTRY[base].predicted:
-        if knows != "oracle":
-            predictor = LengthPredictor()
-            warm_history(predictor, previous)
-        if knows != "prediction":
-            true = dict(zip(workload.request_ids, map(int, workload.lengths)))
-            predictor = OraclePredictor(true) if knows == "oracle" else HindsightPredictor(predictor, true)
-    policy = registry_policy(base, predictor=predictor, model=model, slots_per_replica=model.max_num_seqs,
-                             tail_aware=config, seed=seed)
-    policy.name = name
-    return policy
+    """A policy of the registry; predicted ones get a predictor warmed with `previous`, the reference
+    ones the true lengths of `workload` (rollout_ext.balance.registry, `PolicySpec.knows`)."""
+    return registry_policy(name, model=model, slots_per_replica=model.max_num_seqs, seed=seed,
+                           history=previous, workload=workload)
 
 
 def _versions() -> dict:
@@ -350,10 +329,11 @@ def plot(out: dict, path: str, timeline_r: int | None) -> list[str]:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--real" in argv:
-        # Real replicas have their own flags; bench/ is on sys.path when this runs as a script.
-        from balance_real import main as real_main
+        # Real replicas have their own flags: run that bench as its own script, with them.
+        import runpy
 
-        real_main([arg for arg in argv if arg != "--real"])
+        sys.argv = [str(REAL_BENCH), *(arg for arg in argv if arg != "--real")]
+        runpy.run_path(str(REAL_BENCH), run_name="__main__")
         return 0
     a = parse_args(argv)
     print(f"host: {platform.node()} {platform.machine()} python {platform.python_version()}; seed {a.seed}")

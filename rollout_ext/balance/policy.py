@@ -3,7 +3,7 @@
 One policy object is driven the same way by the simulator and by a verl router actor:
 
     policy.add_replica(replica_id)
-    policy.submit(Request(...))                       # once per sequence
+    policy.submit(Request(...), home=None)            # once per sequence (home: see below)
     replica = policy.acquire(request_id, generated_tokens, now_s=None)
         # -> replica id: send the next chunk there now
         # -> None: parked; the policy places it later (see take_ready)
@@ -25,7 +25,13 @@ One policy object is driven the same way by the simulator and by a verl router a
         # the policy may move it at that boundary, 0 (the rest in one piece) where it never will:
         # a chunk boundary costs a round trip and a re-schedule on a real engine.
 
-A chunk is one acquire/release pair. The policy decides at each acquire: the same replica is
+A chunk is one acquire/release pair. A finished request leaves the policy: its id may be submitted
+again, as a later turn of a conversation, with `home` the replica its earlier turn ran on (it holds
+the conversation's prefix). A later turn goes there unless the policy has a measured reason to move it.
+
+State: one `Seq` per live request and one `Replica` per replica (as nano-vllm keeps one `Sequence`);
+nothing outlives its request, so a long job's policy holds what is live and a few counters.
+ The policy decides at each acquire: the same replica is
 cheap (prefix cache), another one costs a re-prefill of prompt + generated tokens.
 
 Load of a replica = KV tokens resident + predicted decode tokens remaining of its in-flight
@@ -38,8 +44,59 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
+from dataclasses import dataclass, field
 
 from rollout_ext.balance.request import Request
+
+# The central queue deletes lazily; once stale entries outnumber live ones by this much, it is rebuilt.
+STALE_QUEUE_FACTOR = 2
+
+
+@dataclass(slots=True, eq=False)
+class Seq:
+    """One live request, as a policy keeps it: created by `submit`, dropped when it finishes. The fields
+    after `queued_tokens` are the tail-aware policies' (tail_aware.py)."""
+
+    request: Request
+    generated: int = 0  # tokens generated, as of its last acquire or release
+    replica: str | None = None  # where its chunk runs now (None: queued, or between chunks)
+    home: str | None = None  # the replica it last ran on: it holds its KV (prefix cache)
+    load_tokens: float = 0.0  # its share of its replica's load while placed
+    predicted_tokens: float | None = None  # the total length predicted at its first placement
+    queue_tiebreak: int | None = None  # its live entry in the central queue (None: not queued)
+    queued_tokens: float = 0.0  # its predicted total length while queued
+    moves: int = 0  # times it moved to another replica
+    # As of its placement: predicted remaining tokens, how fast that falls per generated token (alpha),
+    # its context, and its replica's decode steps (tail_aware.py, `ReplicaLoad`).
+    placed_rem_tokens: float = 0.0
+    alpha: float = 1.0
+    placed_ctx_tokens: float = 0.0
+    placed_step: float = 0.0
+    last_placed_generated: int | None = None  # generated tokens at its previous placement
+    chunk_start: object | None = None  # the instant its running chunk started at (tail_aware.py, `_Instant`)
+    chunk_start_generated: int = 0  # generated tokens at that start
+    released_s: float | None = None  # its last unfinished release, on the caller's clock
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def queued(self) -> bool:
+        return self.queue_tiebreak is not None
+
+
+@dataclass(slots=True, eq=False)
+class Replica:
+    """One replica, as a policy keeps it."""
+
+    replica_id: str
+    running: dict[str, Seq] = field(default_factory=dict)  # its in-flight requests, in placement order
+    load_tokens: float = 0.0  # KV resident + predicted remaining of its in-flight requests
+
+    @property
+    def batch(self) -> int:
+        return len(self.running)
 
 
 class Policy:
@@ -51,62 +108,60 @@ class Policy:
         self.predictor = predictor
         self.slots_per_replica = slots_per_replica
         self.rng = random.Random(seed)
-        self.replicas: dict[str, dict[str, None]] = {}  # replica -> in-flight request ids
-        self.load_tokens: dict[str, float] = {}  # replica -> KV resident + predicted remaining
-        self.requests: dict[str, Request] = {}
-        self.generated: dict[str, int] = {}
-        self.where: dict[str, str] = {}  # in-flight request -> replica
-        self.home: dict[str, str] = {}  # request -> last replica it ran on (sticky)
-        self.finished: set[str] = set()
+        self.replicas: dict[str, Replica] = {}
+        self.seqs: dict[str, Seq] = {}  # live requests
+        self.in_flight = 0  # requests placed on a replica now
+        self.finished = 0  # requests finished, ever
         self.moves = 0
         self.clock_s: float | None = None  # the caller's clock at its latest acquire or release
-        self._contrib: dict[str, float] = {}  # in-flight request -> its share of load_tokens
         self._ready: list[tuple[str, str]] = []
 
     # ---- membership -----------------------------------------------------------------------
+    def _new_replica(self, replica_id: str) -> Replica:
+        return Replica(replica_id)
+
     def add_replica(self, replica_id: str) -> None:
-        if replica_id in self.replicas:
-            return
-        self.replicas[replica_id] = {}
-        self.load_tokens[replica_id] = 0.0
+        if replica_id not in self.replicas:
+            self.replicas[replica_id] = self._new_replica(replica_id)
 
     def remove_replica(self, replica_id: str) -> list[str]:
-        if replica_id not in self.replicas:
+        rep = self.replicas.get(replica_id)
+        if rep is None:
             return []
-        orphans = list(self.replicas[replica_id])
+        orphans = list(rep.running)
         for rid in orphans:
-            self._unplace(rid)
+            self._unplace(self.seqs[rid])
         del self.replicas[replica_id]
-        del self.load_tokens[replica_id]
-        for rid in [r for r, rep in self.home.items() if rep == replica_id]:
-            del self.home[rid]
+        for seq in self.seqs.values():
+            if seq.home == replica_id:
+                seq.home = None
         return orphans
 
     # ---- request flow ---------------------------------------------------------------------
-    def submit(self, request: Request) -> None:
-        if request.request_id in self.requests:
+    def submit(self, request: Request, home: str | None = None) -> Seq:
+        """A new request; `home`: the replica that holds its prefix (a later turn of a conversation)."""
+        if request.request_id in self.seqs:
             raise ValueError(f"request {request.request_id} submitted twice")
-        self.requests[request.request_id] = request
-        self.generated[request.request_id] = 0
+        seq = Seq(request, home=home if home in self.replicas else None)
+        self.seqs[request.request_id] = seq
+        return seq
 
     def acquire(self, request_id: str, generated_tokens: int, now_s: float | None = None) -> str | None:
         if now_s is not None:
             self.clock_s = now_s
-        if request_id not in self.requests:
-            raise KeyError(f"acquire of unknown request {request_id}")
-        if request_id in self.finished:
-            raise ValueError(f"acquire of finished request {request_id}")
-        if request_id in self.where:
-            return self.where[request_id]  # parked earlier and placed since, or a repeated call
+        seq = self.seqs.get(request_id)
+        if seq is None:
+            raise KeyError(f"acquire of request {request_id}: not live (never submitted, or finished)")
+        if seq.replica is not None:
+            return seq.replica  # parked earlier and placed since, or a repeated call
         if not self.replicas:
             raise RuntimeError("no replicas registered")
-        self.generated[request_id] = generated_tokens
-        replica = self._choose(request_id)
+        seq.generated = generated_tokens
+        replica = self._choose(seq)
         if replica is not None:
-            home = self.home.get(request_id)
-            if home is not None and home != replica and generated_tokens > 0:
+            if seq.home is not None and seq.home != replica and generated_tokens > 0:
                 self.moves += 1
-            self._place(request_id, replica)
+            self._place(seq, replica)
         return replica
 
     def release(self, request_id: str, replica_id: str, generated_tokens: int | None, finished: bool,
@@ -115,18 +170,19 @@ class Policy:
             raise ValueError(f"release of {request_id}: generated_tokens=None is allowed only with finished=True")
         if now_s is not None:
             self.clock_s = now_s
-        if self.where.get(request_id) != replica_id:
+        seq = self.seqs.get(request_id)
+        if seq is None or seq.replica != replica_id:
             return  # stale: the replica was removed and the request re-dispatched
-        self._unplace(request_id)
+        self._unplace(seq)
         # A length nobody reported (None) must not teach the predictor a length of 0.
         if generated_tokens is not None:
-            self.generated[request_id] = generated_tokens
+            seq.generated = generated_tokens
             if self.predictor is not None:
-                self.predictor.observe(self.requests[request_id], generated_tokens, finished)
+                self.predictor.observe(seq.request, generated_tokens, finished, predicted_tokens=seq.predicted_tokens)
         if finished:
-            self.finished.add(request_id)
-            self.home.pop(request_id, None)
-        self._on_release(request_id, replica_id, finished)
+            del self.seqs[request_id]
+            self.finished += 1
+        self._on_release(seq, replica_id, finished)
 
     def take_ready(self) -> list[tuple[str, str]]:
         self._pump()
@@ -135,9 +191,10 @@ class Policy:
 
     def next_chunk_tokens(self, request_id: str, chunk_tokens: int) -> int:
         """Tokens the placed request runs before its next boundary (0: the rest, in one piece)."""
-        return chunk_tokens if self._may_move(request_id) else 0
+        seq = self.seqs.get(request_id)
+        return chunk_tokens if seq is not None and self._may_move(seq) else 0
 
-    def _may_move(self, request_id: str) -> bool:
+    def _may_move(self, seq: Seq) -> bool:
         """Whether the policy may send this sequence's next chunk elsewhere than its home replica."""
         return False
 
@@ -145,11 +202,12 @@ class Policy:
         out = {
             "policy": self.name,
             "replicas": {
-                rep: {"in_flight": len(rids), "load_tokens": round(self.load_tokens[rep], 1)}
-                for rep, rids in self.replicas.items()
+                rid: {"in_flight": rep.batch, "load_tokens": round(rep.load_tokens, 1)}
+                for rid, rep in self.replicas.items()
             },
-            "in_flight": len(self.where),
-            "finished": len(self.finished),
+            "in_flight": self.in_flight,
+            "live": len(self.seqs),
+            "finished": self.finished,
             "moves": self.moves,
         }
         if self.predictor is not None:
@@ -157,41 +215,46 @@ class Policy:
         return out
 
     # ---- hooks for subclasses -------------------------------------------------------------
-    def _choose(self, request_id: str) -> str | None:
+    def _choose(self, seq: Seq) -> str | None:
         raise NotImplementedError
 
-    def _on_release(self, request_id: str, replica_id: str, finished: bool) -> None:
+    def _on_release(self, seq: Seq, replica_id: str, finished: bool) -> None:
         pass
 
     def _pump(self) -> None:
         pass
 
     # ---- bookkeeping ----------------------------------------------------------------------
-    def remaining(self, request_id: str) -> float:
+    def remaining(self, seq: Seq) -> float:
         if self.predictor is None:
             return 0.0
-        return self.predictor.remaining_tokens(self.requests[request_id], self.generated[request_id])
+        return self.predictor.remaining_tokens(seq.request, seq.generated)
 
-    def _place(self, request_id: str, replica_id: str) -> None:
-        req = self.requests[request_id]
-        contrib = req.prompt_len + self.generated[request_id] + self.remaining(request_id)
-        self.where[request_id] = replica_id
-        self.home[request_id] = replica_id
-        self.replicas[replica_id][request_id] = None
-        self._contrib[request_id] = contrib
-        self.load_tokens[replica_id] += contrib
+    def _place(self, seq: Seq, replica_id: str) -> None:
+        rep = self.replicas[replica_id]
+        rem = self.remaining(seq)
+        if seq.generated == 0 and seq.predicted_tokens is None:
+            seq.predicted_tokens = rem  # what the predictor's calibration compares with the true length
+        contrib = seq.request.prompt_len + seq.generated + rem
+        seq.replica = seq.home = replica_id
+        rep.running[seq.request_id] = seq
+        seq.load_tokens = contrib
+        rep.load_tokens += contrib
+        self.in_flight += 1
 
-    def _unplace(self, request_id: str) -> None:
-        replica_id = self.where.pop(request_id)
-        del self.replicas[replica_id][request_id]
+    def _unplace(self, seq: Seq) -> None:
+        rep = self.replicas[seq.replica]
+        seq.replica = None
+        del rep.running[seq.request_id]
         # Clamp: float round-off must never make a load negative.
-        self.load_tokens[replica_id] = max(0.0, self.load_tokens[replica_id] - self._contrib.pop(request_id))
-        if not self.replicas[replica_id]:
-            self.load_tokens[replica_id] = 0.0
+        rep.load_tokens = max(0.0, rep.load_tokens - seq.load_tokens)
+        seq.load_tokens = 0.0
+        if not rep.running:
+            rep.load_tokens = 0.0
+        self.in_flight -= 1
 
-    def _sticky(self, request_id: str) -> str | None:
-        home = self.home.get(request_id)
-        return home if home in self.replicas else None
+    def _sticky(self, seq: Seq) -> str | None:
+        return seq.home if seq.home in self.replicas else None
 
 
 class RoundRobinPolicy(Policy):
@@ -203,8 +266,8 @@ class RoundRobinPolicy(Policy):
         super().__init__(**kwargs)
         self._turn = 0
 
-    def _choose(self, request_id: str) -> str | None:
-        home = self._sticky(request_id)
+    def _choose(self, seq: Seq) -> str | None:
+        home = self._sticky(seq)
         if home is not None:
             return home
         order = list(self.replicas)
@@ -218,82 +281,105 @@ class VerlDefaultPolicy(Policy):
 
     name = "verl_default"
 
-    def _choose(self, request_id: str) -> str | None:
-        home = self._sticky(request_id)
+    def _choose(self, seq: Seq) -> str | None:
+        home = self._sticky(seq)
         if home is not None:
             return home
-        fewest = min(len(rids) for rids in self.replicas.values())
-        return self.rng.choice([rep for rep, rids in self.replicas.items() if len(rids) == fewest])
+        fewest = min(rep.batch for rep in self.replicas.values())
+        return self.rng.choice([rid for rid, rep in self.replicas.items() if rep.batch == fewest])
 
 
 class CentralQueuePolicy(Policy):
     """A central longest-predicted-first queue; work leaves it only for a replica with a free slot.
 
     Holding work back (late binding) means the next long sequence goes to whichever replica frees
-    up first. Continuations stay sticky. `_pick` chooses among replicas with a free slot; this
-    base class picks the least load (classic LPT).
+    up first. Continuations, and later turns of a conversation, go to their home replica
+    (`_continue`). `_pick` chooses among replicas with a free slot; this base class picks the least
+    load (classic LPT).
     """
 
     name = "central_lpt"
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self._queue: list[tuple[float, int, str]] = []  # (-priority, tiebreak, request id)
-        self._queued: dict[str, int] = {}  # request id -> live tiebreak (lazy deletion)
+        self._queue: list[tuple[float, int, Seq]] = []  # (-priority, tiebreak, request): lazy deletion
+        self._waiting = 0  # queued requests
+        self._queued_tokens = 0.0  # their predicted total lengths
         self._counter = itertools.count()
 
-    def remove_replica(self, replica_id: str) -> list[str]:
-        return super().remove_replica(replica_id)
-
-    def _choose(self, request_id: str) -> str | None:
-        home = self._sticky(request_id)
-        if home is not None and self.generated[request_id] > 0:
-            return self._continue(request_id, home)
-        self._enqueue(request_id)
+    def _choose(self, seq: Seq) -> str | None:
+        home = self._sticky(seq)
+        if home is not None:
+            return self._continue(seq, home)
+        self._enqueue(seq)
         return None
 
-    def _continue(self, request_id: str, home: str) -> str | None:
+    def _continue(self, seq: Seq, home: str) -> str | None:
         return home
 
-    def _priority(self, request_id: str) -> float:
-        return self.generated[request_id] + self.remaining(request_id)
+    def _priority(self, seq: Seq) -> float:
+        return seq.generated + self.remaining(seq)
 
-    def _enqueue(self, request_id: str) -> None:
-        tiebreak = next(self._counter)
-        self._queued[request_id] = tiebreak
-        heapq.heappush(self._queue, (-self._priority(request_id), tiebreak, request_id))
+    def _enqueue(self, seq: Seq) -> None:
+        if seq.queue_tiebreak is None:
+            self._waiting += 1
+        seq.queue_tiebreak = tiebreak = next(self._counter)
+        priority = self._priority(seq)
+        self._queued_tokens += priority - seq.queued_tokens
+        seq.queued_tokens = priority
+        heapq.heappush(self._queue, (-priority, tiebreak, seq))
+        self._queue = compact_heap(self._queue, self._waiting)
 
-    def _requeue(self, request_id: str) -> None:
+    def _dequeue(self, seq: Seq) -> None:
+        seq.queue_tiebreak = None
+        self._waiting -= 1
+        self._queued_tokens -= seq.queued_tokens
+        seq.queued_tokens = 0.0
+
+    def _requeue(self, seq: Seq) -> None:
         """Re-key a queued request after its prediction changed."""
-        if request_id in self._queued:
-            self._enqueue(request_id)
+        if seq.queued:
+            self._enqueue(seq)
 
     def waiting(self) -> int:
-        return len(self._queued)
+        return self._waiting
+
+    def _free(self) -> list[Replica]:
+        return [rep for rep in self.replicas.values() if rep.batch < self.slots_per_replica]
 
     def _pump(self) -> None:
-        free = [rep for rep, rids in self.replicas.items() if len(rids) < self.slots_per_replica]
+        free = self._free()
         while self._queue and free:
-            _, tiebreak, rid = heapq.heappop(self._queue)
-            if self._queued.get(rid) != tiebreak:
+            _, tiebreak, seq = heapq.heappop(self._queue)
+            if seq.queue_tiebreak != tiebreak:
                 continue
-            del self._queued[rid]
-            self._assign(rid, self._pick(rid, free), free)
+            self._dequeue(seq)
+            self._assign(seq, self._pick(seq, free), free)
 
-    def _assign(self, request_id: str, replica_id: str, free: list[str]) -> None:
+    def _assign(self, seq: Seq, rep: Replica, free: list[Replica]) -> None:
         """Place a parked request; a replica whose slots are now full leaves `free`."""
-        self._place(request_id, replica_id)
-        self._ready.append((request_id, replica_id))
-        if len(self.replicas[replica_id]) >= self.slots_per_replica:
-            free.remove(replica_id)
+        self._place(seq, rep.replica_id)
+        self._ready.append((seq.request_id, rep.replica_id))
+        if rep.batch >= self.slots_per_replica:
+            free.remove(rep)
 
-    def _pick(self, request_id: str, free: list[str]) -> str:
-        return min(free, key=self.load_tokens.__getitem__)
+    def _pick(self, seq: Seq, free: list[Replica]) -> Replica:
+        return min(free, key=lambda rep: rep.load_tokens)
 
     def snapshot(self) -> dict:
         out = super().snapshot()
         out["waiting"] = self.waiting()
         return out
+
+
+def compact_heap(heap: list, live: int) -> list:
+    """`heap` without its stale entries (entry[2].queue_tiebreak != entry[1]) once they dominate it.
+    Entries are unique (priority, tiebreak), so the live ones pop in the same order either way."""
+    if len(heap) <= STALE_QUEUE_FACTOR * live + 64:
+        return heap
+    kept = [entry for entry in heap if entry[2].queue_tiebreak == entry[1]]
+    heapq.heapify(kept)
+    return kept
 
 
 class OracleLPTPolicy(CentralQueuePolicy):

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -88,18 +88,19 @@ class LengthPredictor:
         self.sd_e = math.sqrt((1 - c.prior_icc) * sd2)
         self.mu0 = math.log(c.prior_mean_tokens) - sd2 / 2
         self.beta = 0.0
-        self.log_p_mean = math.log(400.0)
+        self.log_p_mean = 0.0  # the prompt-length centre: unused until the first refit sets it and beta
         self.rho = c.history_rho
         self._unit_grid = np.linspace(-4.0, 4.0, c.grid_points)
         self._groups: OrderedDict[str, _Group] = OrderedDict()
         self._history: OrderedDict[str, tuple[float, int]] = OrderedDict()  # hash -> (mean log, n)
-        self._epoch: OrderedDict[str, list] = OrderedDict()  # group -> [hash, log P, lengths, cap]
-        self._at_dispatch: OrderedDict[str, tuple[float, float]] = OrderedDict()  # rid -> (pred, prior)
+        self._epoch: OrderedDict[str, _EpochPrompt] = OrderedDict()  # group -> its finished lengths this epoch
         self._calib = [0, 0.0, 0.0, 0.0]  # n, sum |log err|, sum log err, sum |log err| of prior
 
     # ---- evidence -------------------------------------------------------------------------
-    def observe(self, request: Request, generated_tokens: int, finished: bool) -> None:
-        """A request reached `generated_tokens`; `finished` means it stopped there."""
+    def observe(self, request: Request, generated_tokens: int, finished: bool,
+                predicted_tokens: float | None = None) -> None:
+        """A request reached `generated_tokens`; `finished` means it stopped there. `predicted_tokens`:
+        the length predicted for it at dispatch, which `calibration()` compares with the true one."""
         group = self._group(request)
         cap = request.max_tokens
         censored = (not finished) or generated_tokens >= cap
@@ -107,23 +108,22 @@ class LengthPredictor:
             return
         group.set_obs(request.sample_index, math.log(max(1, generated_tokens)), censored, self)
         if finished:
-            self._record_finish(request, generated_tokens)
+            self._record_finish(request, generated_tokens, group, predicted_tokens)
 
-    def _record_finish(self, request: Request, length: int) -> None:
+    def _record_finish(self, request: Request, length: int, group: _Group, predicted_tokens: float | None) -> None:
         length = max(1, length)  # an empty response (an abort) must not put log(0) in the refit
         rec = self._epoch.get(request.group_key)
         if rec is None:
-            rec = [request.prompt_hash, math.log(max(1, request.prompt_len)), [], request.max_tokens]
+            rec = _EpochPrompt(request.prompt_hash, math.log(max(1, request.prompt_len)))
             self._epoch[request.group_key] = rec
             _trim(self._epoch, self.config.max_groups)
-        rec[2].append(length)
-        seen = self._at_dispatch.pop(request.request_id, None)
-        if seen is not None:
-            err = math.log(max(1.0, seen[0]) / length)
+        rec.lengths.append(length)
+        if predicted_tokens is not None:
+            err = math.log(max(1.0, predicted_tokens) / length)
             self._calib[0] += 1
             self._calib[1] += abs(err)
             self._calib[2] += err
-            self._calib[3] += abs(math.log(max(1.0, seen[1]) / length))
+            self._calib[3] += abs(math.log(max(1.0, group.prior_prediction) / length))
 
     # ---- prediction -----------------------------------------------------------------------
     def remaining_tokens(self, request: Request, generated_tokens: int) -> float:
@@ -154,10 +154,6 @@ class LengthPredictor:
         if den <= 1e-300:
             return float(cap - g)  # beyond anything the model expects: assume it runs to the cap
         expected_total = min(float(cap), max(num / den, g + 1.0))
-        if g == 0:
-            prior = group.prior_prediction
-            self._at_dispatch[request.request_id] = (expected_total, prior)
-            _trim(self._at_dispatch, self.config.max_groups * 16)
         return expected_total - g
 
     def icc(self) -> float:
@@ -178,12 +174,12 @@ class LengthPredictor:
     # ---- epochs ---------------------------------------------------------------------------
     def end_epoch(self) -> None:
         """Refit the population model on this epoch's finished groups; remember prompt means."""
-        groups = [r for r in self._epoch.values() if len(r[2]) >= 2]
+        groups = [r for r in self._epoch.values() if len(r.lengths) >= 2]
         if len(groups) >= 8:
-            log_p = np.array([r[1] for r in groups])
-            means = np.array([np.mean(np.log(r[2])) for r in groups])
-            within = np.concatenate([np.log(r[2]) - np.mean(np.log(r[2])) for r in groups])
-            sizes = np.array([len(r[2]) for r in groups])
+            log_p = np.array([r.log_prompt for r in groups])
+            means = np.array([np.mean(np.log(r.lengths)) for r in groups])
+            within = np.concatenate([np.log(r.lengths) - np.mean(np.log(r.lengths)) for r in groups])
+            sizes = np.array([len(r.lengths) for r in groups])
             # Robust within-group spread: outliers belong to the outlier component.
             sd_e = 1.4826 * float(np.median(np.abs(within))) * math.sqrt(np.mean(sizes / np.maximum(sizes - 1, 1)))
             self.log_p_mean = float(log_p.mean())
@@ -196,8 +192,9 @@ class LengthPredictor:
             self.sd_a = math.sqrt(max(var_a, 0.01))
             self._refit_rho(groups, resid)
             for r, res in zip(groups, resid):
-                self._history[r[0]] = (float(res + self.mu0 + self.beta * (r[1] - self.log_p_mean)), len(r[2]))
-                self._history.move_to_end(r[0])
+                self._history[r.prompt_hash] = (float(res + self.mu0 + self.beta * (r.log_prompt - self.log_p_mean)),
+                                                len(r.lengths))
+                self._history.move_to_end(r.prompt_hash)
             _trim(self._history, self.config.max_history)
         self._epoch.clear()
         self._groups.clear()
@@ -205,9 +202,9 @@ class LengthPredictor:
     def _refit_rho(self, groups: list, resid: np.ndarray) -> None:
         prev, now = [], []
         for r, res in zip(groups, resid):
-            h = self._history.get(r[0])
+            h = self._history.get(r.prompt_hash)
             if h is not None:
-                prev.append(h[0] - self.mu0 - self.beta * (r[1] - self.log_p_mean))
+                prev.append(h[0] - self.mu0 - self.beta * (r.log_prompt - self.log_p_mean))
                 now.append(res)
         if len(prev) >= 30 and self.sd_a > 0:
             cov = float(np.mean(np.array(prev) * np.array(now)))
@@ -254,6 +251,15 @@ class LengthPredictor:
         return out
 
 
+@dataclass(slots=True)
+class _EpochPrompt:
+    """One prompt's finished lengths in the current epoch: what `end_epoch` refits from."""
+
+    prompt_hash: str
+    log_prompt: float  # log of its prompt tokens
+    lengths: list[int] = field(default_factory=list)
+
+
 class _Group:
     __slots__ = ("grid", "log_prior", "total", "_own", "prior_prediction", "prompt_len")
 
@@ -283,7 +289,8 @@ class OraclePredictor:
     def __init__(self, true_lengths: dict[str, int]) -> None:
         self._true = dict(true_lengths)
 
-    def observe(self, request: Request, generated_tokens: int, finished: bool) -> None:
+    def observe(self, request: Request, generated_tokens: int, finished: bool,
+                predicted_tokens: float | None = None) -> None:
         pass
 
     def remaining_tokens(self, request: Request, generated_tokens: int) -> float:
@@ -309,8 +316,9 @@ class HindsightPredictor:
         self.inner = inner
         self._oracle = OraclePredictor(true_lengths)
 
-    def observe(self, request: Request, generated_tokens: int, finished: bool) -> None:
-        self.inner.observe(request, generated_tokens, finished)
+    def observe(self, request: Request, generated_tokens: int, finished: bool,
+                predicted_tokens: float | None = None) -> None:
+        self.inner.observe(request, generated_tokens, finished, predicted_tokens)
 
     def remaining_tokens(self, request: Request, generated_tokens: int) -> float:
         started = self._oracle if generated_tokens > 0 else self.inner

@@ -110,7 +110,7 @@ class _Seq:
         self.prefill = prompt  # tokens to prefill when admitted next
 
 
-class _Replica:
+class SimReplica:
     __slots__ = ("rid", "model", "time_s", "step", "kv", "running", "waiting", "targets", "version",
                  "event_step", "busy_since", "alive")
 
@@ -150,7 +150,7 @@ class Simulator:
         self.chunk_tokens = chunk_tokens
         self.clock = clock  # pass simulated time to the policy (False: a policy without a clock)
         self.kv_limit = int(self.model.kv_capacity_tokens * (1 - kv_watermark))
-        self.reps = {f"r{i}": _Replica(f"r{i}", scaled(self.model, speed)) for i, speed in enumerate(speeds)}
+        self.reps = {f"r{i}": SimReplica(f"r{i}", scaled(self.model, speed)) for i, speed in enumerate(speeds)}
         self.seqs = {
             rid: _Seq(rid, int(p), int(n))
             for rid, p, n in zip(workload.request_ids, workload.prompt_tokens, workload.lengths)
@@ -214,7 +214,7 @@ class Simulator:
         return time_s if self.clock else None
 
     # ---- replica mechanics ----------------------------------------------------------------
-    def _advance(self, rep: _Replica, steps: int) -> None:
+    def _advance(self, rep: SimReplica, steps: int) -> None:
         if steps <= 0:
             return
         batch = len(rep.running)
@@ -222,7 +222,7 @@ class Simulator:
         rep.kv += batch * steps
         rep.step += steps
 
-    def _on_event(self, rep: _Replica) -> None:
+    def _on_event(self, rep: SimReplica) -> None:
         self._advance(rep, rep.event_step - rep.step)
         now = rep.time_s
         touched: set = set()
@@ -236,7 +236,7 @@ class Simulator:
         self._drain_ready(now, rep, touched)
         self._kick(rep, now)
 
-    def _at_target(self, rep: _Replica, seq: _Seq, now: float, touched: set) -> None:
+    def _at_target(self, rep: SimReplica, seq: _Seq, now: float, touched: set) -> None:
         generated = seq.generated + rep.step - seq.join_step
         if generated >= seq.length:
             self._leave(rep, seq, generated)
@@ -262,19 +262,19 @@ class Simulator:
             self.move_prefill_tokens += seq.prefill
             self._dispatch(seq.rid, replica, touched, now)
 
-    def _leave(self, rep: _Replica, seq: _Seq, generated: int) -> None:
+    def _leave(self, rep: SimReplica, seq: _Seq, generated: int) -> None:
         del rep.running[seq.rid]
         rep.kv -= seq.prompt + generated
         seq.generated = generated
 
-    def _set_target(self, rep: _Replica, seq: _Seq) -> None:
+    def _set_target(self, rep: SimReplica, seq: _Seq) -> None:
         chunk = self.policy.next_chunk_tokens(seq.rid, self.chunk_tokens)
         left = seq.length - seq.generated
         to_boundary = (seq.generated // chunk + 1) * chunk - seq.generated if chunk > 0 else left
         seq.target = rep.step + min(left, to_boundary)
         heapq.heappush(rep.targets, (seq.target, seq.rid))
 
-    def _preempt_if_full(self, rep: _Replica) -> None:
+    def _preempt_if_full(self, rep: SimReplica) -> None:
         # The next step adds one token per running sequence; recompute-preempt the newest.
         while rep.running and rep.kv + len(rep.running) > self.model.kv_capacity_tokens:
             rid = next(reversed(rep.running))
@@ -284,7 +284,7 @@ class Simulator:
             rep.waiting.appendleft(seq)
             self.preemptions += 1
 
-    def _admit(self, rep: _Replica) -> None:
+    def _admit(self, rep: SimReplica) -> None:
         prefill_tokens = 0
         while rep.waiting and len(rep.running) < self.model.max_num_seqs:
             seq = rep.waiting[0]
@@ -302,7 +302,7 @@ class Simulator:
         if prefill_tokens:
             rep.time_s += rep.model.prefill_s(prefill_tokens)
 
-    def _kick(self, rep: _Replica, now: float) -> None:
+    def _kick(self, rep: SimReplica, now: float) -> None:
         """Admit waiting work and schedule the replica's next event (or mark it idle)."""
         if not rep.alive:
             return
@@ -329,7 +329,7 @@ class Simulator:
         steps = min(rep.targets[0][0] - rep.step, kv_full_steps)
         self._schedule(rep, rep.step + max(1, steps))
 
-    def _schedule(self, rep: _Replica, step: int) -> None:
+    def _schedule(self, rep: SimReplica, step: int) -> None:
         rep.event_step = step
         time_s = rep.time_s + rep.model.steps_s(len(rep.running), rep.kv, step - rep.step)
         heapq.heappush(self._events, (time_s, next(self._tiebreak), "step", rep.rid, rep.version))
@@ -355,7 +355,7 @@ class Simulator:
         rep.waiting.extend(self.seqs[rid] for rid in rids)
         self._wake({replica_id}, now, None)
 
-    def _wake(self, touched: set, now: float, current: _Replica | None) -> None:
+    def _wake(self, touched: set, now: float, current: SimReplica | None) -> None:
         """Replicas that got work: an idle one starts now; a busy one admits after its step."""
         for replica_id in sorted(touched):
             rep = self.reps[replica_id]
@@ -370,7 +370,7 @@ class Simulator:
                 rep.version += 1
                 self._schedule(rep, step)
 
-    def _drain_ready(self, now: float, current: _Replica | None, touched: set | None = None) -> None:
+    def _drain_ready(self, now: float, current: SimReplica | None, touched: set | None = None) -> None:
         touched = set() if touched is None else touched
         for rid, replica_id in self.policy.take_ready():
             self._dispatch(rid, replica_id, touched, now)

@@ -2,7 +2,7 @@
 replicas are not all alike: a degraded device, a throttled node, a noisy neighbour on the host.
 
 Evidence: the intervals between two releases on one replica. Sequences on a replica decode in lock
-step, so a release tells how many steps the replica has run (tail_aware.py, `_Replica.steps`); the
+step, so a release tells how many steps the replica has run (tail_aware.py, `ReplicaLoad.steps`); the
 policy knows the batch it placed there and the prefills it sent. An interval's time over the fitted
 model's time for its steps is the replica's ratio for that interval. Intervals that are mostly
 prefill are left out (the prefill constant is the fit's least determined one), and so is time a
@@ -51,15 +51,15 @@ class ReplicaSpeeds:
     def __init__(self) -> None:
         self._evidence: dict[str, _Evidence] = {}
         self._intervals = 0
-        self.speeds: dict[str, float] = {}  # replica -> step time over the others' (>= 1: slower, or 1)
+        self.slowdown: dict[str, float] = {}  # replica -> its step time over the others' (>= 1)
 
     def add_replica(self, replica_id: str) -> None:
         self._evidence.setdefault(replica_id, _Evidence())
-        self.speeds.setdefault(replica_id, 1.0)
+        self.slowdown.setdefault(replica_id, 1.0)
 
     def remove_replica(self, replica_id: str) -> None:
         self._evidence.pop(replica_id, None)
-        self.speeds.pop(replica_id, None)
+        self.slowdown.pop(replica_id, None)
 
     def observe(self, replica_id: str, elapsed_s: float, model_s: float) -> bool:
         """`replica_id` ran for `elapsed_s` what the fitted model times at `model_s`. True when the speeds
@@ -80,7 +80,7 @@ class ReplicaSpeeds:
         mean = sum(logs.values()) / len(logs)
         for rid in self._evidence:
             d = logs.get(rid, mean) - mean
-            self.speeds[rid] = math.exp(max(0.0, d - DEADBAND))
+            self.slowdown[rid] = math.exp(max(0.0, d - DEADBAND))
         return True
 
     def left_out(self, replica_id: str) -> None:

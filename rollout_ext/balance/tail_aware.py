@@ -27,7 +27,7 @@ where its work ends first in time, not in tokens.
 
 Predicted finish time of a replica, from the step model and the in-flight requests' predicted
 remaining tokens r_i and contexts c_i, both aged to the steps the replica has run since each was
-recorded (`_Replica`; all start now, nothing is added):
+recorded (`ReplicaLoad`; all start now, nothing is added):
 
     F = base * max(max_i r_i, sum_i r_i / slots) + sum_i [per_seq * r_i + kv * (c_i r_i + r_i^2 / 2)]
 
@@ -63,7 +63,7 @@ import math
 from dataclasses import dataclass
 
 from rollout_ext.balance.calibration import StepModelFit
-from rollout_ext.balance.policy import CentralQueuePolicy
+from rollout_ext.balance.policy import CentralQueuePolicy, Replica, Seq, compact_heap
 from rollout_ext.balance.speeds import ReplicaSpeeds
 from rollout_ext.balance.step_model import StepModel
 
@@ -114,9 +114,10 @@ class _Instant:
     resident: float = 0.0  # their resident KV tokens, likewise
 
 
-class _Replica:
-    """A replica's in-flight requests as the finish-time formula needs them (model-free sums, so a
-    refitted step model applies at once).
+@dataclass(slots=True, eq=False)
+class ReplicaLoad(Replica):
+    """A replica with what the finish-time formula needs of its in-flight requests (model-free sums, so
+    a refitted step model applies at once).
 
     Sequences on a replica decode in lock step, so every release tells how many steps the replica
     has run (`steps`), and each remaining length is aged by the steps run since it was recorded, at
@@ -127,59 +128,55 @@ class _Replica:
     share, the first one judged saw its neighbours a chunk stale and moved, and the next one moved
     onto the replica it had left (docs/router.md, "Aged remaining lengths")."""
 
-    __slots__ = ("rems", "steps", "resident", "prefilled", "instant", "movers", "_sums", "mark", "placed_steps")
+    steps: float = 0.0  # decode steps this replica has run, as far as releases tell
+    resident: float = 0.0  # prompt + generated of the in-flight requests, as of their last boundary
+    prefilled: float = 0.0  # tokens sent here to prefill, ever (a prefill stalls every running sequence)
+    instant: _Instant | None = None  # the latest clock at which requests were placed here
+    movers: int = 0  # in-flight requests that moved here
+    # (clock, steps, prefilled) at its last release: the start of its next timed interval (speeds.py)
+    mark: tuple[float, float, float] | None = None
+    placed_steps: float = 0.0  # sum over the in-flight requests of `steps` at their placement
+    sums_cache: tuple[float, float, float] | None = None  # `sums()` until the next change
 
-    def __init__(self) -> None:
-        # request -> (remaining tokens, alpha, context, replica step), as of its placement
-        self.rems: dict[str, tuple[float, float, float, float]] = {}
-        self.steps = 0.0  # decode steps this replica has run, as far as releases tell
-        self.resident = 0.0  # prompt + generated of the in-flight requests, as of their last boundary
-        self.prefilled = 0.0  # tokens sent here to prefill, ever (a prefill stalls every running sequence)
-        self.instant: _Instant | None = None  # the latest clock at which requests were placed here
-        self.movers = 0  # in-flight requests that moved here
-        self._sums: tuple[float, float, float] | None = None  # (sum rem, sum KV token-steps, peak), aged
-        self.mark: tuple[float, float, float] | None = None  # (clock, steps, prefilled) at its last release
-        self.placed_steps = 0.0  # sum over the in-flight requests of `steps` at their placement
-
-    def add(self, request_id: str, rem: float, ctx: float, alpha: float = 1.0) -> None:
-        self.rems[request_id] = (rem, alpha, ctx, self.steps)
+    def add(self, seq: Seq, rem: float, ctx: float, alpha: float = 1.0) -> None:
+        """`seq`, already among `running`, was placed with `rem` tokens predicted to go from context `ctx`."""
+        seq.placed_rem_tokens, seq.alpha, seq.placed_ctx_tokens, seq.placed_step = rem, alpha, ctx, self.steps
         self.resident += ctx
         self.placed_steps += self.steps
-        self._sums = None
+        self.sums_cache = None
 
-    def remove(self, request_id: str) -> None:
-        _, _, ctx, step = self.rems.pop(request_id)
+    def remove(self, seq: Seq) -> None:
+        """`seq`, already gone from `running`, left."""
         # Clamp: float round-off must never leave a negative sum behind.
-        self.resident = max(0.0, self.resident - ctx) if self.rems else 0.0
-        self.placed_steps = self.placed_steps - step if self.rems else 0.0
-        self._sums = None
+        self.resident = max(0.0, self.resident - seq.placed_ctx_tokens) if self.running else 0.0
+        self.placed_steps = self.placed_steps - seq.placed_step if self.running else 0.0
+        self.sums_cache = None
 
     def kv_now(self) -> float:
         """Resident KV tokens now: each in-flight request's context at placement, plus a token for
         every step the replica ran since."""
-        return self.resident + len(self.rems) * self.steps - self.placed_steps
+        return self.resident + self.batch * self.steps - self.placed_steps
 
-    def ran(self, request_id: str, ctx: float) -> None:
+    def ran(self, seq: Seq, ctx: float) -> None:
         """A request placed here reports its context `ctx`: the replica ran a step for every token it
         generated since its placement."""
-        _, _, ctx_placed, step = self.rems[request_id]
-        steps = max(self.steps, step + ctx - ctx_placed)
+        steps = max(self.steps, seq.placed_step + ctx - seq.placed_ctx_tokens)
         if steps != self.steps:
-            self.steps, self._sums = steps, None
+            self.steps, self.sums_cache = steps, None
 
     def sums(self) -> tuple[float, float, float]:
         """(remaining tokens, KV token-steps, the longest remaining) of the in-flight requests, aged to
         `steps`. Recomputed only after a change: a replica is judged far more often than it changes."""
-        if self._sums is None:
+        if self.sums_cache is None:
             total = kv = peak = 0.0
-            for rem, alpha, ctx, step in self.rems.values():
-                d = self.steps - step
-                rem = max(0.0, rem - alpha * d)
+            for seq in self.running.values():
+                d = self.steps - seq.placed_step
+                rem = max(0.0, seq.placed_rem_tokens - seq.alpha * d)
                 total += rem
-                kv += _kv_token_steps(rem, ctx + d)
+                kv += _kv_token_steps(rem, seq.placed_ctx_tokens + d)
                 peak = max(peak, rem)
-            self._sums = (total, kv, peak)
-        return self._sums
+            self.sums_cache = (total, kv, peak)
+        return self.sums_cache
 
 
 class TailAwarePolicy(CentralQueuePolicy):
@@ -194,22 +191,15 @@ class TailAwarePolicy(CentralQueuePolicy):
         self.config = config or TailAwareConfig()
         if not self.config.redispatch:
             self.name = "tail_aware_placement"
-        self._inflight: dict[str, _Replica] = {}
-        self._group_members: dict[str, list[str]] = {}
-        self._moved: dict[str, int] = {}
-        self._last_pred: dict[str, tuple[int, float]] = {}  # request -> (generated, predicted rest) at its last placement
-        self._queued_pred: dict[str, float] = {}
-        self._queued_tokens = 0.0
-        self._prompt_tokens_sum = 0
-        self._short: list[tuple[float, int, str]] = []  # (predicted length, tiebreak, request id)
+        self.groups: dict[str, dict[str, Seq]] = {}  # group -> its live requests
+        self._submitted = 0  # requests submitted, ever
+        self._prompt_tokens_sum = 0  # their prompt tokens
+        self._short: list[tuple[float, int, Seq]] = []  # (predicted length, tiebreak, request): lazy deletion
         self._max_tokens = 0
         self._batch_work_s = 0.0  # the largest predicted work seen since the replicas were last idle
-        # request -> its running chunk: (the instant it started at, generated tokens at its start)
-        self._chunk: dict[str, tuple[_Instant, int]] = {}
-        self._released_s: dict[str, float] = {}  # request -> its last unfinished release, caller's clock
         self._gap_s = 0.0  # mean release -> acquire gap at boundaries (recent GAP_WINDOW of them)
         self._gaps = 0
-        self.speeds = ReplicaSpeeds()  # each replica's speed beside the others, from the clock
+        self.speeds = ReplicaSpeeds()  # each replica's slowdown beside the others, from the clock
 
     @property
     def boundary_s(self) -> float:
@@ -223,156 +213,142 @@ class TailAwarePolicy(CentralQueuePolicy):
         return self.fit.model
 
     # ---- membership and intake ------------------------------------------------------------
+    def _new_replica(self, replica_id: str) -> ReplicaLoad:
+        return ReplicaLoad(replica_id)
+
     def add_replica(self, replica_id: str) -> None:
         super().add_replica(replica_id)
-        self._inflight.setdefault(replica_id, _Replica())
         self.speeds.add_replica(replica_id)
 
     def remove_replica(self, replica_id: str) -> list[str]:
         orphans = super().remove_replica(replica_id)
-        self._inflight.pop(replica_id, None)
         self.speeds.remove_replica(replica_id)
         return orphans
 
-    def submit(self, request) -> None:
-        super().submit(request)
-        self._group_members.setdefault(request.group_key, []).append(request.request_id)
+    def submit(self, request, home: str | None = None) -> Seq:
+        seq = super().submit(request, home)
+        self.groups.setdefault(request.group_key, {})[request.request_id] = seq
+        self._submitted += 1
         self._prompt_tokens_sum += request.prompt_len
         self._max_tokens = max(self._max_tokens, request.max_tokens)
+        return seq
 
     # ---- queue ----------------------------------------------------------------------------
-    def _priority(self, request_id: str) -> float:
-        pred = self.generated[request_id] + self.remaining(request_id)
-        self._queued_tokens += pred - self._queued_pred.get(request_id, 0.0)
-        self._queued_pred[request_id] = pred
-        return pred
-
-    def _enqueue(self, request_id: str) -> None:
-        super()._enqueue(request_id)
+    def _enqueue(self, seq: Seq) -> None:
+        super()._enqueue(seq)
         if self.config.mix_kv_factor > 0:
-            tiebreak = self._queued[request_id]
-            heapq.heappush(self._short, (self._queued_pred[request_id], tiebreak, request_id))
+            heapq.heappush(self._short, (seq.queued_tokens, seq.queue_tiebreak, seq))
+            self._short = compact_heap(self._short, self._waiting)
 
-    def _pop_short(self) -> str | None:
+    def _pop_short(self) -> Seq | None:
         while self._short:
-            _, tiebreak, rid = heapq.heappop(self._short)
-            if self._queued.get(rid) == tiebreak:
-                self._dequeue(rid)
-                return rid
+            _, tiebreak, seq = heapq.heappop(self._short)
+            if seq.queue_tiebreak == tiebreak:
+                self._dequeue(seq)
+                return seq
         return None
 
-    def _dequeue(self, request_id: str) -> None:
-        del self._queued[request_id]
-        self._queued_tokens -= self._queued_pred.pop(request_id, 0.0)
-
-    def _on_release(self, request_id: str, replica_id: str, finished: bool) -> None:
-        if not self._queued:
+    def _on_release(self, seq: Seq, replica_id: str, finished: bool) -> None:
+        group = self.groups.get(seq.request.group_key)
+        if finished and group is not None:
+            group.pop(seq.request_id, None)
+            if not group:
+                del self.groups[seq.request.group_key]
+        if not self._waiting or group is None:
             return
         # A finished or longer-lived sibling changed the group's prediction: re-key the queued ones.
-        group = self.requests[request_id].group_key
-        for sibling in self._group_members.get(group, ()):
-            if sibling in self._queued:
-                self._requeue(sibling)
+        for sibling in list(group.values()):
+            self._requeue(sibling)
 
     # ---- predicted finish -----------------------------------------------------------------
     def _finish_s(self, replica_id: str, add_rem: float = 0.0, add_kv: float = 0.0) -> float:
         m = self.model
-        sum_rem, sum_kv, peak = self._inflight[replica_id].sums()
+        sum_rem, sum_kv, peak = self.replicas[replica_id].sums()
         steps = max(peak, add_rem, (sum_rem + add_rem) / self.slots_per_replica)
-        return self.speeds.speeds[replica_id] * (m.base_ms * 1e-3 * steps + m.per_seq_us * 1e-6 * (sum_rem + add_rem)
-                                                 + m.kv_s * (sum_kv + add_kv))
+        return self.speeds.slowdown[replica_id] * (m.base_ms * 1e-3 * steps + m.per_seq_us * 1e-6 * (sum_rem + add_rem)
+                                                   + m.kv_s * (sum_kv + add_kv))
 
-    def _ctx(self, request_id: str) -> float:
-        return self.requests[request_id].prompt_len + self.generated[request_id]
-
-    def _place(self, request_id: str, replica_id: str) -> None:
-        ctx = self._ctx(request_id)
+    def _place(self, seq: Seq, replica_id: str) -> None:
+        ctx = seq.request.prompt_len + seq.generated
         # Only the replica it last ran on holds its KV (prefix cache); anywhere else it prefills it all.
-        prefill = 0.0 if self.home.get(request_id) == replica_id and self.generated[request_id] > 0 else ctx
-        super()._place(request_id, replica_id)
-        rep = self._inflight[replica_id]
-        rem = self._contrib[request_id] - ctx
-        rep.add(request_id, rem, ctx, self._alpha(request_id, rem))
-        self._last_pred[request_id] = (self.generated[request_id], rem)
-        rep.movers += bool(self._moved.get(request_id))
+        prefill = 0.0 if seq.home == replica_id and seq.generated > 0 else ctx
+        super()._place(seq, replica_id)
+        rep = self.replicas[replica_id]
+        rem = seq.load_tokens - ctx
+        rep.add(seq, rem, ctx, self._alpha(seq, rem))
+        seq.last_placed_generated = seq.generated
+        rep.movers += bool(seq.moves)
         if self.clock_s is not None:
             if rep.instant is None or rep.instant.clock_s != self.clock_s:
                 rep.instant = _Instant(self.clock_s, rep.prefilled)
-            self._chunk[request_id] = (rep.instant, self.generated[request_id])
+            seq.chunk_start, seq.chunk_start_generated = rep.instant, seq.generated
             self._note_instant(rep)
-            if len(rep.rems) == 1:  # it was empty: its time starts counting now (_time_replica)
+            if rep.batch == 1:  # it was empty: its time starts counting now (_time_replica)
                 rep.mark = (self.clock_s, rep.steps, rep.prefilled)
         rep.prefilled += prefill
 
-    def _alpha(self, request_id: str, rem: float) -> float:
+    def _alpha(self, seq: Seq, rem: float) -> float:
         """How fast this sequence's predicted rest falls per generated token, from its last two
         placements (1 before it has two: a fresh sequence is mostly short of its typical length)."""
-        g = self.generated[request_id]
-        last = self._last_pred.get(request_id)
-        if last is None or g <= last[0]:
+        g, last_g = seq.generated, seq.last_placed_generated
+        if last_g is None or g <= last_g:
             return 1.0
-        return min(1.0, max(0.0, (last[1] - rem) / (g - last[0])))
+        return min(1.0, max(0.0, (seq.placed_rem_tokens - rem) / (g - last_g)))
 
-    def _unplace(self, request_id: str) -> None:
-        replica_id = self.where[request_id]
-        super()._unplace(request_id)
-        rep = self._inflight[replica_id]
-        rep.remove(request_id)
-        rep.movers -= bool(self._moved.get(request_id))
-        self._chunk.pop(request_id, None)
+    def _unplace(self, seq: Seq) -> None:
+        rep = self.replicas[seq.replica]
+        super()._unplace(seq)
+        rep.remove(seq)
+        rep.movers -= bool(seq.moves)
+        seq.chunk_start = None
         self._note_instant(rep)
-        if not rep.rems:
+        if not rep.running:
             rep.mark = None  # time it sits empty is not step time
 
-    def _note_instant(self, rep: _Replica) -> None:
+    def _note_instant(self, rep: ReplicaLoad) -> None:
         if rep.instant is not None and rep.instant.clock_s == self.clock_s:
-            rep.instant.batch, rep.instant.resident = len(rep.rems), rep.resident
+            rep.instant.batch, rep.instant.resident = rep.batch, rep.resident
 
     def release(self, request_id: str, replica_id: str, generated_tokens: int | None, finished: bool,
                 now_s: float | None = None) -> None:
-        chunk = self._chunk.get(request_id)
-        placed_here = self.where.get(request_id) == replica_id
+        seq = self.seqs.get(request_id)
+        placed_here = seq is not None and seq.replica == replica_id
         # None: the caller does not know the length, so the chunk tells the step model nothing either.
         counted = placed_here and generated_tokens is not None
+        rep = self.replicas.get(replica_id)
         if counted:
-            self._inflight[replica_id].ran(request_id, self.requests[request_id].prompt_len + generated_tokens)
+            rep.ran(seq, seq.request.prompt_len + generated_tokens)
         timed = now_s is not None and counted
-        if finished and placed_here:
-            self._released_s.pop(request_id, None)
-        elif timed:
-            self._released_s[request_id] = now_s
+        if timed and not finished:
+            seq.released_s = now_s
         if timed:
-            self._time_replica(replica_id, now_s)
-        if chunk is not None and timed:
-            start, start_tokens = chunk
-            rep = self._inflight[replica_id]
+            self._time_replica(rep, now_s)
+        if timed and seq.chunk_start is not None:
+            start = seq.chunk_start
             prefill = rep.prefilled - start.prefilled  # its own, and every admission during the chunk
-            tokens = generated_tokens - start_tokens
-            batch = (start.batch + len(self.replicas[replica_id])) / 2
+            tokens = generated_tokens - seq.chunk_start_generated
+            batch = (start.batch + rep.batch) / 2
             # Resident KV is known as of each request's last boundary; in between, every running
             # sequence is on average half a chunk further.
             kv = (start.resident + rep.resident) / 2 + batch * tokens / 2
             self.fit.observe(tokens, now_s - start.clock_s, *self._running(batch, kv), prefill)
         super().release(request_id, replica_id, generated_tokens, finished, now_s)
-        if finished:
-            self._last_pred.pop(request_id, None)
 
-    def _time_replica(self, replica_id: str, now_s: float) -> None:
-        """The replica's steps since its last release, timed: evidence of its speed (speeds.py)."""
-        rep = self._inflight[replica_id]
+    def _time_replica(self, rep: ReplicaLoad, now_s: float) -> None:
+        """The replica's steps since its last release, timed: evidence of its slowdown (speeds.py)."""
         mark, rep.mark = rep.mark, (now_s, rep.steps, rep.prefilled)
         if mark is None:
             return
         elapsed_s, steps = now_s - mark[0], rep.steps - mark[1]
         if elapsed_s <= 0 or steps <= 0:
             return
-        batch = len(self.replicas[replica_id])
+        batch = rep.batch
         decode_s = steps * self.model.step_s(*self._running(batch, rep.kv_now() - batch * steps / 2))
         prefill_s = self.model.prefill_s(rep.prefilled - mark[2])
         if prefill_s <= SPEED_PREFILL_SHARE * decode_s:
-            self.speeds.observe(replica_id, elapsed_s, decode_s + prefill_s)
+            self.speeds.observe(rep.replica_id, elapsed_s, decode_s + prefill_s)
         else:
-            self.speeds.left_out(replica_id)
+            self.speeds.left_out(rep.replica_id)
 
     def _running(self, batch: float, kv: float) -> tuple[float, float]:
         """The batch and KV that run of those placed on a replica: past the KV capacity, vLLM runs only
@@ -384,9 +360,9 @@ class TailAwarePolicy(CentralQueuePolicy):
         """All predicted remaining work (in flight and queued) at saturated throughput."""
         # As recorded, not aged (load = resident + recorded remaining): a rough regime estimate, read at
         # every placement, needs no O(n) pass.
-        in_flight = sum(self.load_tokens[r] - rep.resident for r, rep in self._inflight.items())
-        mean_pred = (in_flight + self._queued_tokens) / max(1, len(self.where) + len(self._queued))
-        ctx = self._prompt_tokens_sum / max(1, len(self.requests)) + 1.5 * mean_pred  # rough token-weighted context
+        in_flight = sum(rep.load_tokens - rep.resident for rep in self.replicas.values())
+        mean_pred = (in_flight + self._queued_tokens) / max(1, self.in_flight + self._waiting)
+        ctx = self._prompt_tokens_sum / max(1, self._submitted) + 1.5 * mean_pred  # rough token-weighted context
         x_sat = self.model.saturated_tokens_per_s(ctx)
         return (in_flight + self._queued_tokens) / (max(1, len(self.replicas)) * x_sat)
 
@@ -403,98 +379,103 @@ class TailAwarePolicy(CentralQueuePolicy):
     def _note_batch_work(self) -> None:
         # The regime is set by the batch's work, not by what is left of it (late in a batch every
         # cap-length sequence is critical anyway): the largest work seen since the replicas were idle.
-        if not self.where:
+        if not self.in_flight:
             self._batch_work_s = 0.0
         self._batch_work_s = max(self._batch_work_s, self._work_s())
 
     # ---- placement ------------------------------------------------------------------------
     def _pump(self) -> None:
-        free = [rep for rep, rids in self.replicas.items() if len(rids) < self.slots_per_replica]
+        free = self._free()
         if not (self._queue and free):
             return
         self._note_batch_work()
         mixing = self._mixing()
+        slowdown = self.speeds.slowdown
         while self._queue and free:
-            _, tiebreak, rid = self._queue[0]
-            if self._queued.get(rid) != tiebreak:
+            _, tiebreak, seq = self._queue[0]
+            if seq.queue_tiebreak != tiebreak:
                 heapq.heappop(self._queue)
                 continue
-            head = self.requests[rid].prompt_len + self._queued_pred[rid]
-            # Where the head's work ends first: least predicted load, in time on each replica's speed.
-            replica = min(free, key=lambda r: (self.load_tokens[r] + head) * self.speeds.speeds[r])
+            head = seq.request.prompt_len + seq.queued_tokens
+            # Where the head's work ends first: least predicted load, in time on each replica's slowdown.
+            rep = min(free, key=lambda r: (r.load_tokens + head) * slowdown[r.replica_id])
             # Predicted load after placing the head: the KV the replica would hold if its
             # sequences all ran to their predicted ends.
-            load = self.load_tokens[replica] + head
-            if mixing and self.replicas[replica] and load > self.config.mix_kv_factor * self.model.kv_capacity_tokens:
+            load = rep.load_tokens + head
+            if mixing and rep.running and load > self.config.mix_kv_factor * self.model.kv_capacity_tokens:
                 short = self._pop_short()
                 if short is not None:
-                    self._assign(short, replica, free)
+                    self._assign(short, rep, free)
                     continue
             heapq.heappop(self._queue)
-            self._dequeue(rid)
-            self._assign(rid, replica, free)
+            self._dequeue(seq)
+            self._assign(seq, rep, free)
 
     def snapshot(self) -> dict:
         out = super().snapshot()
         out["step_model_fit"] = {"chunks": self.fit.chunks, **self.fit.ratios()}
         out["boundary_gap_ms"] = round(1e3 * self._gap_s, 3)
         out["boundary_ms"] = round(1e3 * self.boundary_s, 3)
-        out["replica_speed"] = {r: round(speed, 3) for r, speed in self.speeds.speeds.items()}
+        out["replica_slowdown"] = {r: round(x, 3) for r, x in self.speeds.slowdown.items()}
         out["replica_speed_evidence"] = self.speeds.evidence()
         return out
 
     # ---- chunk size -----------------------------------------------------------------------
     def acquire(self, request_id: str, generated_tokens: int, now_s: float | None = None) -> str | None:
-        released_s = self._released_s.pop(request_id, None)
-        if released_s is not None and now_s is not None:
-            # The caller's release -> acquire gap: the part of a boundary's cost the policy can see.
-            self._gaps += 1
-            self._gap_s += (max(0.0, now_s - released_s) - self._gap_s) / min(self._gaps, GAP_WINDOW)
+        seq = self.seqs.get(request_id)
+        released_s = None if seq is None else seq.released_s
+        if released_s is not None:
+            seq.released_s = None
+            if now_s is not None:
+                # The caller's release -> acquire gap: the part of a boundary's cost the policy can see.
+                self._gaps += 1
+                self._gap_s += (max(0.0, now_s - released_s) - self._gap_s) / min(self._gaps, GAP_WINDOW)
         return super().acquire(request_id, generated_tokens, now_s)
 
     def next_chunk_tokens(self, request_id: str, chunk_tokens: int) -> int:
         """`chunk_tokens`, or more where a boundary would cost over BOUNDARY_SHARE of the chunk's decode
         time on its replica (`boundary_s` over the fitted step time); 0 once it cannot move."""
         chunk_tokens = super().next_chunk_tokens(request_id, chunk_tokens)
-        home = self.where.get(request_id)
+        seq = self.seqs.get(request_id)
+        home = None if seq is None else seq.replica
         boundary_s = self.boundary_s
         if chunk_tokens <= 0 or home is None or boundary_s <= 0:
             return chunk_tokens
-        step_s = self.speeds.speeds[home] * self.model.step_s(len(self.replicas[home]),
-                                                              self._inflight[home].resident)
+        rep = self.replicas[home]
+        step_s = self.speeds.slowdown[home] * self.model.step_s(rep.batch, rep.resident)
         return max(chunk_tokens, math.ceil(boundary_s / (BOUNDARY_SHARE * step_s)))
 
     # ---- re-dispatch ----------------------------------------------------------------------
-    def _may_move(self, request_id: str) -> bool:
+    def _may_move(self, seq: Seq) -> bool:
         # A sequence that used its moves stays home to the end: its chunks would be pure overhead.
-        return self.config.redispatch and self._moved.get(request_id, 0) < self.config.max_moves_per_request
+        return self.config.redispatch and seq.moves < self.config.max_moves_per_request
 
-    def _continue(self, request_id: str, home: str) -> str | None:
-        if self._queued or not self._may_move(request_id):
+    def _continue(self, seq: Seq, home: str) -> str | None:
+        if self._waiting or not self._may_move(seq):
             return home
-        options = self._move_options(request_id, home)
+        options = self._move_options(seq, home)
         if not options:
             return home
         # The fewest moved sequences first, then the least new makespan (see the module doc).
-        best = min(options, key=lambda rep: (self._inflight[rep].movers, options[rep]))
-        self._moved[request_id] = self._moved.get(request_id, 0) + 1
+        best = min(options, key=lambda rid: (self.replicas[rid].movers, options[rid]))
+        seq.moves += 1
         return best
 
-    def _move_options(self, request_id: str, home: str) -> dict[str, float]:
+    def _move_options(self, seq: Seq, home: str) -> dict[str, float]:
         """Replicas a move to which gains more than `move_margin`: replica -> the pair's new makespan."""
         cfg = self.config
-        req = self.requests[request_id]
-        ctx = req.prompt_len + self.generated[request_id]
-        rem = min(float(req.max_tokens - self.generated[request_id]), cfg.move_rem_factor * self.remaining(request_id))
+        req = seq.request
+        ctx = req.prompt_len + seq.generated
+        rem = min(float(req.max_tokens - seq.generated), cfg.move_rem_factor * self.remaining(seq))
         kv = _kv_token_steps(rem, ctx)
         stay = self._finish_s(home, rem, kv)
         leave = self._finish_s(home)
         reprefill_s = self.model.prefill_s(ctx)
         options = {}
-        for rep, rids in self.replicas.items():
-            if rep == home or len(rids) >= self.slots_per_replica:
+        for rid, rep in self.replicas.items():
+            if rid == home or rep.batch >= self.slots_per_replica:
                 continue
-            new = max(leave, self._finish_s(rep, rem, kv) + self.speeds.speeds[rep] * reprefill_s)
-            if max(stay, self._finish_s(rep)) - new > cfg.move_margin * stay:
-                options[rep] = new
+            new = max(leave, self._finish_s(rid, rem, kv) + self.speeds.slowdown[rid] * reprefill_s)
+            if max(stay, self._finish_s(rid)) - new > cfg.move_margin * stay:
+                options[rid] = new
         return options

@@ -113,7 +113,7 @@ def test_two_steps_train_and_sync_weights(trained):
     # Cross-epoch history: verl itself closed the router's epoch after each step.
     assert [steps[i]["router"]["epochs"] for i in (1, 2, 3)] == [1, 2, 3]
     assert steps[2]["router"]["finished"] > steps[1]["router"]["finished"] > 0
-    assert trained["report"]["router_class"] == "rollout_ext.verl.router.TailAwareRouter"
+    assert trained["report"]["router_class"] == "rollout_ext.verl.router.TailAwareRouterActor"
     assert trained["report"]["router_policy"] == "tail_aware"
 
 

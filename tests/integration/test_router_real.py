@@ -242,7 +242,7 @@ def test_the_router_learns_lengths_only_from_clients_that_report_them(report):
 def test_the_policy_finds_the_slowed_replica_and_only_it(report):
     assert report["speeds_equal_lengths"] == report["speeds_slow_lengths"] == report["speed_jobs"]
     slow = report["speeds_slow_replica"]
-    learned = report["speeds_slow_status"]["policy"]["replica_speed"]
+    learned = report["speeds_slow_status"]["policy"]["replica_slowdown"]
     assert set(learned) == set(report["servers"]) and slow in learned
     # Speeds are relative to the replicas' mean beyond a 10% dead band: on two replicas a step-time
     # ratio r is learned as sqrt(r) / 1.1, so 1.8 means r >= 3.9. +200 ms keeps r far above that on a
@@ -258,7 +258,7 @@ def test_the_policy_finds_the_slowed_replica_and_only_it(report):
     # The control: the same batch on equal replicas finds no replica that slow. Runs here: 1.11, 1.0,
     # 1.07, 1.33, 1.14, 1.08 (1.33: a 2.15x ratio); the two engines share two cores unevenly, and the
     # evidence is a few dozen intervals. 1.6 is a 3.1x ratio.
-    equal = report["speeds_equal_status"]["policy"]["replica_speed"]
+    equal = report["speeds_equal_status"]["policy"]["replica_slowdown"]
     assert set(equal) == set(report["servers"]) and max(equal.values()) < 1.6, equal
 
 

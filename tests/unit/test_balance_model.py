@@ -188,8 +188,7 @@ def test_calibration_reports_after_finishes():
     w = make_workload(cfg)
     p = LengthPredictor()
     for r, n in zip(requests_of(w), w.lengths):
-        p.remaining_tokens(r, 0)
-        p.observe(r, int(n), True)
+        p.observe(r, int(n), True, predicted_tokens=p.remaining_tokens(r, 0))
     cal = p.calibration()
     assert cal["finished"] == len(w) and cal["mean_abs_log_error"] >= 0
 

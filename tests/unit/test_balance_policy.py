@@ -41,7 +41,7 @@ class CheckedPolicy:
         return getattr(self.inner, name)
 
     def _check_loads(self):
-        assert all(v >= 0 for v in self.inner.load_tokens.values())
+        assert all(rep.load_tokens >= 0 for rep in self.inner.replicas.values())
 
     def acquire(self, rid, generated, now_s=None):
         assert rid not in self.on, f"{rid} acquired while a chunk runs"
@@ -86,7 +86,8 @@ def test_every_request_finishes_once_and_loads_stay_nonnegative(name, replicas, 
     res = simulate(w, policy, replicas, model=SMALL_MODEL, chunk_tokens=chunk)
     assert sorted(res.finish_s) == sorted(w.request_ids)
     assert not policy.on
-    assert policy.inner.finished == set(w.request_ids)
+    assert policy.inner.finished == len(w.request_ids)
+    assert policy.inner.seqs == {} and policy.inner.in_flight == 0  # a finished request leaves every structure
     assert res.makespan_s >= lower_bound_s(w.lengths, w.prompt_tokens, replicas, SMALL_MODEL) * (1 - 1e-9)
 
 
@@ -127,7 +128,7 @@ def test_remove_replica_returns_in_flight_requests():
     assert sorted(policy.remove_replica("a")) == on_a
     for rid in on_a:
         assert policy.acquire(rid, 5) == "b"
-    assert policy.load_tokens["b"] >= 0
+    assert policy.replicas["b"].load_tokens >= 0
 
 
 @pytest.mark.parametrize("length", [None, 0, 7])
@@ -254,10 +255,17 @@ def test_tail_aware_config_rejects_a_non_positive_move_factor(factor):
 def test_registry_builds_every_policy_by_name_and_refuses_others():
     from rollout_ext.balance.registry import POLICIES, ROUTER_POLICIES, make_policy
 
+    w = make_workload(WorkloadConfig(prompts=2, samples=2, seed=0))
     for name, spec in POLICIES.items():
-        policy = make_policy(name, predictor=LengthPredictor() if spec.predicted else None, slots_per_replica=4)
+        policy = make_policy(name, slots_per_replica=4, workload=w)
         assert policy.name == name and isinstance(policy, spec.cls) and policy.slots_per_replica == 4
-    assert "oracle_lpt" not in ROUTER_POLICIES and set(ROUTER_POLICIES) < set(POLICIES)
+        kind = {"nothing": type(None), "prediction": LengthPredictor, "true_lengths": OraclePredictor,
+                "hindsight": HindsightPredictor}[spec.knows]
+        assert isinstance(policy.predictor, kind), name  # given what its spec says it knows
+    assert {"oracle_lpt", "tail_aware_oracle", "tail_aware_hindsight"}.isdisjoint(ROUTER_POLICIES)
+    assert set(ROUTER_POLICIES) < set(POLICIES)
+    with pytest.raises(ValueError, match=r"policy='oracle_lpt' reads the true lengths: pass workload="):
+        make_policy("oracle_lpt")  # control: a reference policy without the batch it reads
     with pytest.raises(ValueError, match=r"policy='lpt'; allowed: round_robin, verl_default, tail_aware_placement"):
         make_policy("lpt")
 
@@ -335,7 +343,7 @@ def test_tail_aware_stretches_chunks_when_boundaries_are_slow(gap_s, stretched):
         now += gap_s
         assert policy.acquire("q", 64 * k, now_s=now) == "a"
     chunk = policy.next_chunk_tokens("q", 64)
-    step_s = policy.model.step_s(1, policy._inflight["a"].resident)
+    step_s = policy.model.step_s(1, policy.replicas["a"].resident)
     assert policy.snapshot()["boundary_gap_ms"] == pytest.approx(1e3 * gap_s)
     if stretched:  # 0.5 s per boundary is 2% of ~3100 tokens at ~8 ms each
         assert chunk == math.ceil(gap_s / (BOUNDARY_SHARE * step_s)) > 64
@@ -401,7 +409,7 @@ def test_tail_aware_spreads_moved_survivors_over_replicas():
     policy.release("L2", "a", 1024, False, now_s=10.5)
     # Control: by predicted finish, b (holding L1) and c are alike for L2, so without the rule it
     # would follow L1 to b, the first of them.
-    finish = policy._move_options("L2", "a")
+    finish = policy._move_options(policy.seqs["L2"], "a")
     assert finish["b"] == finish["c"]
     assert policy.acquire("L2", 1024, now_s=10.5) == "c"
 
@@ -411,19 +419,19 @@ def test_tail_aware_ages_remaining_lengths_by_the_steps_its_replica_ran():
     steps too, although they have not reached their boundary yet. A known length ages token for
     token; a survivor whose predicted rest did not shrink between its boundaries does not age."""
     policy = _placed_at_once({"X": 8000, "Y": 8000, "Z": 2000})
-    rep = policy._inflight["a"]
+    rep = policy.replicas["a"]
     policy.release("X", "a", 1024, False, now_s=10.0)
     assert rep.steps == 1024
     sum_rem, sum_kv, peak = rep.sums()
     assert (sum_rem, peak) == (6976 + 976, 6976)
     assert sum_kv == pytest.approx(sum(c * r + r * r / 2 for c, r in [(100 + 1024, 6976), (100 + 1024, 976)]))
     # Control: as recorded at placement, the two would count 1024 steps each more.
-    assert sum(entry[0] for entry in rep.rems.values()) == 8000 + 2000
+    assert sum(seq.placed_rem_tokens for seq in rep.running.values()) == 8000 + 2000
     # A sequence whose predicted rest stayed put over its last chunk (alpha 0) is not aged.
     policy.predictor = OraclePredictor({"X": 8000 + 1024, "Y": 8000, "Z": 2000})
     assert policy.acquire("X", 1024, now_s=10.0) == "a"
     policy.release("Y", "a", 2048, False, now_s=20.0)
-    assert rep.rems["X"][1] == 0.0
+    assert rep.running["X"].alpha == 0.0
     assert rep.sums()[0] == 8000  # X as predicted at 1024 tokens; Z, 2048 steps in, is past its end
 
 

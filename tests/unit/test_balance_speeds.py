@@ -42,7 +42,7 @@ def _observed(factors: dict[str, float], intervals: int = 400, noise: float = 0.
         for rid, factor in factors.items():
             model_s = float(rng.uniform(0.5, 2.0))
             speeds.observe(rid, model_s * factor * common(i) * float(rng.lognormal(0.0, noise)), model_s)
-    return speeds.speeds
+    return speeds.slowdown
 
 
 def test_equal_replicas_plan_as_one_speed_through_noise_and_phases():
@@ -67,7 +67,7 @@ def test_speeds_ignore_unknown_replicas_and_empty_intervals():
     assert not speeds.observe("gone", 1.0, 1.0)
     assert not any(speeds.observe("a", 0.0, 1.0) for _ in range(2 * ESTIMATE_EVERY))
     speeds.remove_replica("a")
-    assert speeds.speeds == {}
+    assert speeds.slowdown == {}
 
 
 def test_a_small_fleet_is_re_estimated_once_per_round_of_intervals():
@@ -79,7 +79,7 @@ def test_a_small_fleet_is_re_estimated_once_per_round_of_intervals():
         speeds.add_replica(rid)
     assert not speeds.observe("fast", 1.0, 1.0)
     assert speeds.observe("slow", 9.0, 1.0)  # the second interval: a round of two
-    assert speeds.speeds["slow"] == pytest.approx(3.0 / 1.1) and speeds.speeds["fast"] == 1.0
+    assert speeds.slowdown["slow"] == pytest.approx(3.0 / 1.1) and speeds.slowdown["fast"] == 1.0
     # A fleet larger than ESTIMATE_EVERY still re-estimates every ESTIMATE_EVERY intervals.
     big = ReplicaSpeeds()
     for i in range(4 * ESTIMATE_EVERY):
@@ -109,7 +109,7 @@ def _run(speed_profile: str, replicas: int = 4, learn: bool = True, monkeypatch=
     res = simulate(w, policy, replicas, model=StepModel(), chunk_tokens=1024, speeds=speeds)
     verl = statistics.fmean(simulate(w, VerlDefaultPolicy(seed=s), replicas, model=StepModel(), chunk_tokens=1024,
                                      speeds=speeds).makespan_s for s in range(3))
-    return res.makespan_s, verl, policy.snapshot()["replica_speed"]
+    return res.makespan_s, verl, policy.snapshot()["replica_slowdown"]
 
 
 def test_tail_aware_moves_work_off_a_slow_replica(monkeypatch):

@@ -7,22 +7,22 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rollout_ext.verl.router import POLICY_NAMES, RouterConfig, make_policy, prompt_hash
+from rollout_ext.verl.router import POLICY_NAMES, RouterConfig, prompt_hash
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_example_yaml_builds_the_tail_aware_policy():
     raw = yaml.safe_load((REPO / "examples" / "router_tail_aware.yaml").read_text())
-    assert raw["router_class"] == "rollout_ext.verl.router.TailAwareRouter"
+    assert raw["router_class"] == "rollout_ext.verl.router.TailAwareRouterActor"
     config = RouterConfig.from_yaml_dict(raw)
-    policy = make_policy(config)
+    policy = config.make_policy()
     assert policy.name == "tail_aware" and policy.slots_per_replica == config.slots_per_replica
 
 
 @pytest.mark.parametrize("name", POLICY_NAMES)
 def test_every_policy_name_builds(name):
-    assert make_policy(RouterConfig(policy=name, slots_per_replica=4)).name == name
+    assert RouterConfig(policy=name, slots_per_replica=4).make_policy().name == name
 
 
 @pytest.mark.parametrize("raw, message", [
@@ -32,10 +32,12 @@ def test_every_policy_name_builds(name):
     ({"tail_aware": {"placement": "finish"}}, r"tail_aware: unknown fields \['placement'\]; allowed: .*move_margin"),
     ({"step_model": {"base_s": 0.01}}, r"step_model: unknown fields \['base_s'\]"),
     ({"tail_aware": {"move_margin": -1}}, "move_margin"),
+    # The plain class would start with Ray's default concurrency and stall past 1,000 waiting requests.
+    ({"router_class": "rollout_ext.verl.router.TailAwareRouter"}, r"allowed: rollout_ext.verl.router.TailAwareRouterActor"),
 ])
 def test_bad_router_config_is_refused(raw, message):
     with pytest.raises(ValueError, match=message):
-        make_policy(RouterConfig.from_yaml_dict(raw))
+        RouterConfig.from_yaml_dict(raw).make_policy()
 
 
 def test_prompt_hash_is_stable_and_content_based():

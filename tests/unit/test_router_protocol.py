@@ -37,7 +37,7 @@ def _scenarios(tmp: Path) -> dict:
 
     def router(policy: str, slots: int):
         path = tmp / f"{policy}-{slots}.yaml"
-        path.write_text(f"router_class: rollout_ext.verl.router.TailAwareRouter\npolicy: {policy}\n"
+        path.write_text(f"router_class: rollout_ext.verl.router.TailAwareRouterActor\npolicy: {policy}\n"
                         f"slots_per_replica: {slots}\nchunk_tokens: 8\n")
         servers = {f"s{i}": Server.remote() for i in range(2)}
         return get_router_handle(servers, router_config_path=str(path))
@@ -48,6 +48,7 @@ def _scenarios(tmp: Path) -> dict:
         out["fields"] = [await lb.require_acquire_fields.remote(), await lb.require_release_fields.remote()]
         out["chunk_tokens"] = await lb.chunk_tokens.remote()
         a, _ = await lb.acquire_server.remote(request_id="a", prompt_ids=[1, 2, 3], sampling_params={"max_tokens": 16})
+        out["first_replica_a"] = a
         b, _ = await lb.acquire_server.remote(request_id="b", prompt_ids=[4, 5], sampling_params={"max_tokens": 16})
         out["spread"] = a != b
         await lb.release_server.remote(server_id=a, request_id="a", generated_tokens=8, finished=False)
@@ -69,7 +70,7 @@ def _scenarios(tmp: Path) -> dict:
         out["inflight_0"] = await lb.get_total_inflight.remote()
         # A finished request id acquired again is a new turn.
         await lb.acquire_server.remote(request_id="a", prompt_ids=[1, 2, 3, 9, 9], sampling_params={})
-        out["turn_key"] = await lb.policy_key.remote("a")
+        out["turn"] = await lb.conversation.remote("a")
         out["cleared"] = (await lb.clear_sticky_cache.remote())["cleared_entries"]
         # verl_default never moves a sequence: its chunk is the rest, in one piece.
         out["chunk_verl_default"] = (await lb.acquire_chunk.remote(request_id="c", prompt_ids=[6],
@@ -151,7 +152,8 @@ def test_verl_default_spreads_sticks_and_counts(report):
 
 
 def test_finished_request_id_starts_a_new_turn(report):
-    assert report["turn_key"] == "a#1"
+    assert report["turn"]["turns"] == 2 and not report["turn"]["finished"]
+    assert report["turn"]["replica"] == report["first_replica_a"]  # the conversation stays on its replica
     assert report["cleared"] == 1  # "b" finished; "a" is live again in its second turn
 
 
