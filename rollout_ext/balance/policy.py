@@ -335,6 +335,12 @@ class CentralQueuePolicy(Policy):
         self._waiting -= 1
         self._queued_tokens -= seq.queued_tokens
         seq.queued_tokens = 0.0
+        if not self._waiting:
+            self._drop_stale()
+
+    def _drop_stale(self) -> None:
+        """Nothing is queued: every entry left in the queue is stale."""
+        self._queue.clear()
 
     def _requeue(self, seq: Seq) -> None:
         """Re-key a queued request after its prediction changed."""

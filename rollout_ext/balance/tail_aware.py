@@ -240,6 +240,10 @@ class TailAwarePolicy(CentralQueuePolicy):
             heapq.heappush(self._short, (seq.queued_tokens, seq.queue_tiebreak, seq))
             self._short = compact_heap(self._short, self._waiting)
 
+    def _drop_stale(self) -> None:
+        super()._drop_stale()
+        self._short.clear()
+
     def _pop_short(self) -> Seq | None:
         while self._short:
             _, tiebreak, seq = heapq.heappop(self._short)
