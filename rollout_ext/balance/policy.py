@@ -351,10 +351,10 @@ class CentralQueuePolicy(Policy):
         return self._waiting
 
     def _free(self) -> list[Replica]:
-        return [rep for rep in self.replicas.values() if rep.batch < self.slots_per_replica]
+        return [rep for rep in self.replicas.values() if len(rep.running) < self.slots_per_replica]
 
     def _pump(self) -> None:
-        free = self._free()
+        free = self._free() if self._queue else []
         while self._queue and free:
             _, tiebreak, seq = heapq.heappop(self._queue)
             if seq.queue_tiebreak != tiebreak:

@@ -266,11 +266,14 @@ class TailAwarePolicy(CentralQueuePolicy):
 
     # ---- predicted finish -----------------------------------------------------------------
     def _finish_s(self, replica_id: str, add_rem: float = 0.0, add_kv: float = 0.0) -> float:
+        return self._finish_of(self.replicas[replica_id].sums(), self.speeds.slowdown[replica_id], add_rem, add_kv)
+
+    def _finish_of(self, sums: tuple[float, float, float], slowdown: float, add_rem: float = 0.0,
+                   add_kv: float = 0.0) -> float:
         m = self.model
-        sum_rem, sum_kv, peak = self.replicas[replica_id].sums()
+        sum_rem, sum_kv, peak = sums
         steps = max(peak, add_rem, (sum_rem + add_rem) / self.slots_per_replica)
-        return self.speeds.slowdown[replica_id] * (m.base_ms * 1e-3 * steps + m.per_seq_us * 1e-6 * (sum_rem + add_rem)
-                                                   + m.kv_s * (sum_kv + add_kv))
+        return slowdown * (m.base_ms * 1e-3 * steps + m.per_seq_us * 1e-6 * (sum_rem + add_rem) + m.kv_s * (sum_kv + add_kv))
 
     def _place(self, seq: Seq, replica_id: str) -> None:
         ctx = seq.request.prompt_len + seq.generated
@@ -389,8 +392,10 @@ class TailAwarePolicy(CentralQueuePolicy):
 
     # ---- placement ------------------------------------------------------------------------
     def _pump(self) -> None:
+        if not self._queue:
+            return
         free = self._free()
-        if not (self._queue and free):
+        if not free:
             return
         self._note_batch_work()
         mixing = self._mixing()
@@ -476,10 +481,17 @@ class TailAwarePolicy(CentralQueuePolicy):
         leave = self._finish_s(home)
         reprefill_s = self.model.prefill_s(ctx)
         options = {}
+        slowdown = self.speeds.slowdown
         for rid, rep in self.replicas.items():
-            if rid == home or rep.batch >= self.slots_per_replica:
+            if rid == home or len(rep.running) >= self.slots_per_replica:
                 continue
-            new = max(leave, self._finish_s(rid, rem, kv) + self.speeds.slowdown[rid] * reprefill_s)
-            if max(stay, self._finish_s(rid)) - new > cfg.move_margin * stay:
+            sums = rep.sums()
+            # Adding work never lowers a finish, so a replica that already ends at or after `stay` never
+            # gains: skipping it changes no answer, and most replicas of a large fleet are skipped.
+            idle = self._finish_of(sums, slowdown[rid])
+            if idle >= stay:
+                continue
+            new = max(leave, self._finish_of(sums, slowdown[rid], rem, kv) + slowdown[rid] * reprefill_s)
+            if stay - new > cfg.move_margin * stay:
                 options[rid] = new
         return options
