@@ -67,25 +67,12 @@ from rollout_ext.balance.step_model import StepModel, lower_bound_s  # noqa: E40
 from rollout_ext.balance.tail_aware import TailAwareConfig  # noqa: E402
 from rollout_ext.balance.workload import WorkloadConfig, make_workload  # noqa: E402
 
+from bench.flags import check as _check  # noqa: E402
+from bench.flags import int_list as _int_list  # noqa: E402
+
 # Every policy of the registry, the reference runs of tail_aware included (their spec says what they know).
 POLICIES = list(REGISTRY)
 REAL_BENCH = Path(__file__).with_name("balance_real.py")
-
-
-def _int_list(flag: str, text: str, minimum: int) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise SystemExit(f"error: {flag}={text!r} is not a comma-separated list of integers")
-    if not values or min(values) < minimum:
-        raise SystemExit(f"error: {flag}={text!r}: every value must be an integer >= {minimum}")
-    return values
-
-
-def _check(flag: str, value, ok: bool, allowed: str):
-    if not ok:
-        raise SystemExit(f"error: {flag}={value!r} is invalid; allowed: {allowed}")
-    return value
 
 
 def parse_args(argv=None) -> argparse.Namespace:

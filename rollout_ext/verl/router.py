@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from array import array
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -111,8 +112,8 @@ class RouterConfig:
 
 
 def prompt_hash(prompt_ids) -> str:
-    data = ",".join(str(int(t)) for t in prompt_ids).encode()
-    return hashlib.blake2b(data, digest_size=8).hexdigest()
+    # Token ids as 8-byte ints: the same prompt hashes the same in every process, at a few µs for 4K tokens.
+    return hashlib.blake2b(array("q", prompt_ids).tobytes(), digest_size=8).hexdigest()
 
 
 @dataclass(slots=True, eq=False)
