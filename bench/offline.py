@@ -1,8 +1,12 @@
 """Offline vLLM benchmark: A/B of rollout_ext modules in one invocation.
 
 Each variant is a set of environment switches and runs in a fresh engine (its own subprocess), so
-patches from one variant never leak into the next. Every variant gets the same token-id prompts and
-per-request output lengths (greedy, ignore_eos), so all of them generate the same number of tokens.
+patches from one variant never leak into the next. Every variant gets the same prompts, greedy. Two
+workloads:
+- `--workload random` (the default): random token-id prompts and per-request output lengths
+  (ignore_eos) on the random-weight tiny model, so every variant generates the same number of tokens;
+- `--workload arith`: arithmetic problems on the trained tiny model (rollout_ext.testing.arith),
+  which stops when it has answered, so lengths follow the prompt. Two responses are printed.
 
     python bench/offline.py --variants off,rope_cache,all --json out/offline.json --plot out/offline.png
 
@@ -34,6 +38,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout without in
     sys.path.insert(0, str(REPO_ROOT))
 
 from rollout_ext import modules as module_table  # noqa: E402
+from rollout_ext.testing import arith  # noqa: E402
 from rollout_ext.testing.tiny_model import build_tiny_model, default_model_dir  # noqa: E402
 
 # Single modules and the switch each one turns on.
@@ -45,6 +50,8 @@ THRESHOLD_SWITCHES = ("ROLLOUT_EXT_MC2_MIN_TOKENS", "ROLLOUT_EXT_FLASHCOMM_MIN_T
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 KV_CACHE_BYTES = 256 * 2**20  # the default gpu_memory_utilization sizing fails on CPU
 WARMUP_PROMPTS, WARMUP_MAX_TOKENS = 2, 8
+WORKLOADS = ("random", "arith")
+SAMPLE_RESPONSES = 2
 STAGES = ("engine_ready", "warmup_done", "timed_done")
 STAGE_MARK = "@@stage "
 ERROR_TAIL_LINES = 25
@@ -108,6 +115,8 @@ def output_lengths(args: argparse.Namespace, rng: random.Random) -> list[int]:
 
 
 def make_workload(args: argparse.Namespace, vocab_size: int) -> dict:
+    if args.workload == "arith":
+        return make_arith_workload(args)
     rng = random.Random(args.seed)
     # Ids 0-2 are the tiny tokenizer's special tokens; other models only need ids < vocab_size.
     def prompt():
@@ -116,7 +125,31 @@ def make_workload(args: argparse.Namespace, vocab_size: int) -> dict:
     # Fresh prompts for warm-up and for every repeat, so prefix caching gives no batch a head start.
     batches = [[prompt() for _ in range(args.num_prompts)] for _ in range(args.repeats)]
     warmup_prompts = [prompt() for _ in range(WARMUP_PROMPTS)]
-    return {"batches": batches, "warmup_prompts": warmup_prompts, "max_tokens": output_lengths(args, rng)}
+    return {"batches": batches, "warmup_prompts": warmup_prompts, "max_tokens": output_lengths(args, rng),
+            "ignore_eos": True}
+
+
+def make_arith_workload(args: argparse.Namespace) -> dict:
+    """Arithmetic prompts as the trained model's token ids; each request stops at EOS or the cap."""
+    from rollout_ext.testing.arith_model import build_tokenizer, char_ids
+
+    ids = char_ids(build_tokenizer())
+    rng = random.Random(args.seed)
+
+    def prompt():
+        return [ids[c] for c in arith.make_problem(rng).prompt]
+
+    batches = [[prompt() for _ in range(args.num_prompts)] for _ in range(args.repeats)]
+    warmup_prompts = [prompt() for _ in range(WARMUP_PROMPTS)]
+    return {"batches": batches, "warmup_prompts": warmup_prompts, "ignore_eos": False,
+            "max_tokens": [args.output_cap] * args.num_prompts}
+
+
+def decode_arith(token_ids: list[int]) -> str:
+    from rollout_ext.testing.arith_model import build_tokenizer, char_ids
+
+    chars = {token_id: char for char, token_id in char_ids(build_tokenizer()).items()}
+    return "".join(chars.get(t, "") for t in token_ids)
 
 
 # --------------------------------------------------------------------------------------------
@@ -139,8 +172,8 @@ def run_worker(job_path: Path) -> None:
     llm.generate([{"prompt_token_ids": ids} for ids in job["warmup_prompts"]], warmup, use_tqdm=False)
     print(STAGE_MARK + "warmup_done", flush=True)
 
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in job["max_tokens"]]
-    repeats = []
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=job["ignore_eos"]) for n in job["max_tokens"]]
+    repeats, samples = [], []
     for batch in job["batches"]:
         start_s = time.perf_counter()
         outputs = llm.generate([{"prompt_token_ids": ids} for ids in batch], params, use_tqdm=False)
@@ -154,8 +187,9 @@ def run_worker(job_path: Path) -> None:
             # Lets the table say whether a variant produced the very same greedy tokens as `off`.
             "tokens_digest": hashlib.sha256(json.dumps(token_ids).encode()).hexdigest(),
         })
+        samples = samples or token_ids[:SAMPLE_RESPONSES]
     print(STAGE_MARK + "timed_done", flush=True)
-    Path(job["result_path"]).write_text(json.dumps({"repeats": repeats}))
+    Path(job["result_path"]).write_text(json.dumps({"repeats": repeats, "sample_token_ids": samples}))
 
 
 # --------------------------------------------------------------------------------------------
@@ -205,21 +239,26 @@ def run_variant(args, variant: str, env: dict, workload: dict, workdir: Path, st
     return record | {"status": "ok", **json.loads(result_path.read_text())}
 
 
-def summarize(record: dict, expected_tokens: int) -> dict:
-    """Tokens/s of the fastest repeat: other load on the machine only ever slows a run down."""
+def summarize(record: dict, expected_tokens: int | None) -> dict:
+    """Tokens/s of the fastest repeat: other load on the machine only ever slows a run down.
+
+    expected_tokens: what ignore_eos makes every repeat generate; None where requests stop at EOS.
+    """
     if record["status"] != "ok":
         return record
     repeats = record.pop("repeats")
-    bad = [r["generated_tokens"] for r in repeats if r["generated_tokens"] != expected_tokens]
+    bad = [r["generated_tokens"] for r in repeats
+           if expected_tokens is not None and r["generated_tokens"] != expected_tokens]
     if bad:
         return record | {"status": "failed", "error": f"generated {bad[0]} tokens, expected "
                          f"{expected_tokens} (ignore_eos should make every variant equal)"}
-    best = min(repeats, key=lambda r: r["elapsed_s"])
+    rates = [r["generated_tokens"] / r["elapsed_s"] for r in repeats]
+    best = repeats[max(range(len(repeats)), key=rates.__getitem__)]
     ttft_ms = sorted(1000 * t for t in best["ttft_s"])
-    record["generated_tokens"] = expected_tokens
+    record["generated_tokens"] = best["generated_tokens"]
     record["elapsed_s"] = best["elapsed_s"]
-    record["tokens_per_s"] = expected_tokens / best["elapsed_s"]
-    record["tokens_per_s_repeats"] = [expected_tokens / r["elapsed_s"] for r in repeats]
+    record["tokens_per_s"] = max(rates)
+    record["tokens_per_s_repeats"] = rates
     record["ttft_ms"] = statistics.fmean(ttft_ms) if ttft_ms else None
     record["ttft_p50_ms"] = _percentile(ttft_ms, 50)
     record["ttft_p99_ms"] = _percentile(ttft_ms, 99)
@@ -302,7 +341,9 @@ def describe_setup(args: argparse.Namespace, model_config: dict, device: str, wo
         "dtype": args.dtype,
         "enforce_eager": args.enforce_eager,
         "seed": args.seed,
-        "output_tokens_per_batch": sum(workload["max_tokens"]),
+        "workload": args.workload,
+        # Known in advance only where ignore_eos fixes every length.
+        "output_tokens_per_batch": sum(workload["max_tokens"]) if workload["ignore_eos"] else None,
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "worker"},
     }
 
@@ -319,7 +360,10 @@ def _cpu_model() -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", type=Path, default=None, help="HF checkpoint dir (default: tiny qwen2, built on demand)")
+    p.add_argument("--model", type=Path, default=None,
+                   help="HF checkpoint dir (default: tiny qwen2 for --workload random, the trained arithmetic "
+                        "model for arith; built on demand)")
+    p.add_argument("--workload", default="random", help=f"one of {', '.join(WORKLOADS)}")
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--input-len", type=int, default=128, help="prompt tokens per request")
     p.add_argument("--output-len", type=int, default=256, help="output tokens per request (--output-dist fixed)")
@@ -356,6 +400,8 @@ def validate(args: argparse.Namespace) -> None:
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise UsageError(f"--{flag.replace('_', '-')}: {value} is not allowed; use an integer >= 1")
+    if args.workload not in WORKLOADS:
+        raise UsageError(f"--workload: {args.workload!r} is not allowed; use one of {', '.join(WORKLOADS)}")
     if args.output_dist not in ("fixed", "longtail"):
         raise UsageError(f"--output-dist: {args.output_dist!r} is not allowed; use fixed or longtail")
     if args.output_dist == "longtail" and args.output_mean >= args.output_cap:
@@ -385,11 +431,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from rollout_ext.platform import device_type
 
-    if args.model is None:
+    if args.model is None and args.workload == "arith":
+        from rollout_ext.testing.arith_model import build_arith_model, default_arith_dir
+
+        args.model = build_arith_model(default_arith_dir())
+    elif args.model is None:
         args.model = build_tiny_model(default_model_dir("qwen2"), arch="qwen2")
     model_config = json.loads((args.model / "config.json").read_text())
     workload = make_workload(args, model_config["vocab_size"])
-    max_len = args.input_len + max(workload["max_tokens"])
+    max_len = max(len(p) for p in workload["batches"][0]) + max(workload["max_tokens"])
     if max_len > model_config.get("max_position_embeddings", max_len):
         raise SystemExit(f"--input-len: {args.input_len} plus the longest output exceeds the model's "
                          f"max_position_embeddings {model_config['max_position_embeddings']}")
@@ -417,6 +467,10 @@ def main(argv: list[str] | None = None) -> int:
         r.pop("tokens_digest", None)
 
     print(format_table(records))
+    first = next((r for r in records if r["status"] == "ok"), None)
+    if first is not None and args.workload == "arith":
+        for prompt, response in zip(workload["batches"][0], first["sample_token_ids"]):
+            print(f"sample response ({first['name']}): {decode_arith(prompt)}{decode_arith(response)}")
     for r in records:
         if r["status"] == "failed":
             print(f"\n[{r['name']}] failed:\n{r['error']}", file=sys.stderr)

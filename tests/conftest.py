@@ -55,3 +55,11 @@ def engine_cache_env(repo_root) -> dict[str, str]:
         "VLLM_CACHE_ROOT": str(cache / "vllm"),
         "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
     }
+
+
+@pytest.fixture(scope="session")
+def arith_model() -> Path:
+    """The trained arithmetic model (`make setup` builds it; about 4 minutes if it is missing)."""
+    from rollout_ext.testing.arith_model import build_arith_model, default_arith_dir
+
+    return build_arith_model(default_arith_dir())

@@ -9,6 +9,8 @@ Two shapes exist on purpose (different head_dim, GQA ratio, qkv bias, rope_theta
 module gets tuned to a single layout.
 
 CLI: python -m rollout_ext.testing.tiny_model --arch qwen2 --out DIR [--seed N]
+     python -m rollout_ext.testing.tiny_model --arch qwen2 --task arith --out DIR (a trained model,
+     see rollout_ext.testing.arith_model)
 """
 
 from __future__ import annotations
@@ -354,7 +356,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="default: <repo>/.cache/models/tiny-<arch>")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
+    parser.add_argument("--task", choices=("random", "arith"), default="random",
+                        help="random: random weights; arith: trained on arithmetic (minutes, qwen2, "
+                             "float32; default out: <repo>/.cache/models/arith-qwen2)")
     args = parser.parse_args(argv)
+    if args.task == "arith":
+        if args.arch != "qwen2":
+            parser.error(f"--task arith needs --arch qwen2, got --arch {args.arch}")
+        if args.dtype != "float32":
+            parser.error(f"--task arith needs --dtype float32, got --dtype {args.dtype}")
+        from rollout_ext.testing.arith_model import build_arith_model
+
+        print(build_arith_model(args.out, seed=args.seed))
+        return 0
     print(build_tiny_model(args.out, arch=args.arch, seed=args.seed, dtype=args.dtype))
     return 0
 

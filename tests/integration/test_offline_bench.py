@@ -21,6 +21,7 @@ def _run_bench(repo_root, *args, timeout_s=300, env=None):
         (["--num-prompts", "0"], ["--num-prompts", "0", ">= 1"]),
         (["--dtype", "fp8"], ["--dtype", "'fp8'", "float32"]),
         (["--output-dist", "zipf"], ["--output-dist", "'zipf'", "longtail"]),
+        (["--workload", "chess"], ["--workload", "'chess'", "random, arith"]),
     ],
 )
 def test_bad_values_name_flag_value_and_choices(repo_root, args, must_mention):
@@ -76,3 +77,24 @@ def test_off_and_vanilla_write_json_and_png(repo_root, tmp_path, tiny_qwen2):
 
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "vanilla" in proc.stdout and "tokens/s" in proc.stdout
+
+
+def test_the_arith_workload_stops_at_the_answer_and_prints_two_responses(repo_root, tmp_path, arith_model):
+    from rollout_ext.testing import arith
+
+    json_path = tmp_path / "bench.json"
+    proc = _run_bench(repo_root, "--workload", "arith", "--variants", "off,rope_cache", "--num-prompts", "8",
+                      "--output-cap", "512", "--repeats", "1", "--enforce-eager", "--json", str(json_path),
+                      env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    off, rope_cache = json.loads(json_path.read_text())["variants"]
+    assert off["status"] == rope_cache["status"] == "ok" and rope_cache["same_tokens_as_off"] is True
+    # Every response stopped at EOS, long before the cap.
+    assert 0 < off["generated_tokens"] < 8 * 200
+    samples = [line.split(": ", 1)[1] for line in proc.stdout.splitlines()
+               if line.startswith("sample response (off): ")]
+    assert len(samples) == 2
+    for text in samples:
+        prompt, response = text.split("=", 1)
+        problem_answer = eval(prompt.removeprefix("Q:"))  # the prompt is a plain +/- chain
+        assert arith.is_correct(response, problem_answer), text
