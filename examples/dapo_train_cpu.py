@@ -1,9 +1,16 @@
 """DAPO training on CPU, end to end: `python -m verl.trainer.main_ppo` with rollout.name=rollout_ext.
 
 Each step is verl's own: rollout on 2 hybrid rollout_ext replicas behind TailAwareRouter (chunked
-client), reward (examples/vowel_reward.py, a learnable toy task), DAPO's group filter, old log-prob,
+client), reward, DAPO's group filter, old log-prob,
 actor update (FSDP2 over gloo, 2 ranks), weight sync into the replicas. The CPU platform for verl
 comes from rollout_ext (VERL_PLATFORM=cpu); see docs/verl.md "Training on CPU".
+
+Tasks (--task):
+- arith (default): the trained arithmetic model (rollout_ext.testing.arith_model) on arithmetic
+  problems, rewarded for a correct final answer (rollout_ext.testing.arith.compute_acc) plus DAPO's
+  overlong penalty: a real RL task, where the reward can rise;
+- vowel: the random-weight tiny Qwen2 and a toy reward (examples/vowel_reward.py), short responses:
+  the fastest run, for checking the plumbing (weight sync, faults, profiling).
 
 This script launches main_ppo as a child process group and watches it:
 - one log line per phase (rollout_ext's phase log: gen, old_log_prob, update_actor, update_weights, ...)
@@ -47,12 +54,30 @@ METRICS = (
     "actor/pg_loss",
     "critic/rewards/mean",
     "critic/score/mean",
+    "response_length/mean",
+    "response_length/max",
     "timing_s/gen",
     "timing_s/old_log_prob",
     "timing_s/update_actor",
     "timing_s/update_weights",
     "timing_s/step",
 )
+
+
+def validation_overrides(args) -> list[str]:
+    """Off, or sampled responses to a fixed held-out set before training and after every step: a
+    measure of the policy that DAPO's group filter does not bias (the trained batch holds only groups
+    whose samples disagree, so its reward stays near the middle whatever the policy learns)."""
+    if args.val_prompts == 0:
+        return ["trainer.val_before_train=False", "trainer.test_freq=-1"]
+    kwargs = "actor_rollout_ref.rollout.val_kwargs"
+    return ["trainer.val_before_train=True", "trainer.test_freq=1", f"{kwargs}.temperature=1.0",
+            f"{kwargs}.do_sample=True", f"{kwargs}.n={args.val_n}"]
+
+
+def val_metric(args) -> str | None:
+    """verl's name for the held-out accuracy (trainer/ppo/v1/trainer_base.py, _validate)."""
+    return f"val-core/{args.task}/acc/mean@{args.val_n}" if args.val_prompts else None
 
 
 def train_overrides(args, data_dir: Path, router_yaml: Path) -> list[str]:
@@ -69,8 +94,9 @@ def train_overrides(args, data_dir: Path, router_yaml: Path) -> list[str]:
         "trainer.device=cpu",
         f"trainer.total_training_steps={args.steps}",
         "trainer.total_epochs=100",
-        "trainer.val_before_train=False",
-        "trainer.test_freq=-1",
+        f"data.seed={args.seed}",
+        f"{rollout}.seed={args.seed}",
+        *validation_overrides(args),
         "trainer.save_freq=-1",
         "trainer.logger=[console,file]",
         "trainer.project_name=rollout_ext",
@@ -117,7 +143,7 @@ def train_overrides(args, data_dir: Path, router_yaml: Path) -> list[str]:
         # One reward worker and one transfer-queue storage unit (verl's defaults start 8 actors each).
         "reward.num_workers=1",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
-        f"reward.custom_reward_function.path={REPO / 'examples' / 'vowel_reward.py'}",
+        *TASKS[args.task]["reward"],
         "+reward.reward_kwargs.overlong_buffer_cfg.enable=True",
         f"+reward.reward_kwargs.overlong_buffer_cfg.len={args.overlong_buffer}",
         "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
@@ -129,6 +155,27 @@ def train_overrides(args, data_dir: Path, router_yaml: Path) -> list[str]:
 
         overrides += phase_overrides("rollout", args.profile_rollout)
     return overrides
+
+
+VAL_SEED = 10_000
+TASKS = {
+    "arith": {"model": REPO / ".cache/models/arith-qwen2", "response_length": 256, "overlong_buffer": 64,
+              "val_prompts": 64, "lr": 3e-4,
+              "reward": [f"reward.custom_reward_function.path={REPO / 'examples' / 'arith_reward.py'}",
+                         "reward.custom_reward_function.name=compute_acc"]},
+    "vowel": {"model": REPO / ".cache/models/tiny-qwen2", "response_length": 16, "overlong_buffer": 4,
+              "val_prompts": 0, "lr": 1e-3,
+              "reward": [f"reward.custom_reward_function.path={REPO / 'examples' / 'vowel_reward.py'}"]},
+}
+
+
+def write_data(args, data_dir: Path) -> None:
+    from rollout_ext.verl.tiny_run import write_arith_parquet, write_vowel_parquet
+
+    write = write_arith_parquet if args.task == "arith" else write_vowel_parquet
+    write(data_dir / "train.parquet", 256, seed=args.seed)
+    # One held-out set for every seed, so that runs are measured on the same problems.
+    write(data_dir / "val.parquet", max(8, args.val_prompts), seed=VAL_SEED)
 
 
 def router_config(args, path: Path) -> dict:
@@ -246,12 +293,9 @@ def remove_orphans(names: set[str]) -> int:
 
 
 def run(args) -> int:
-    from rollout_ext.verl.tiny_run import write_vowel_parquet
-
     args.workdir.mkdir(parents=True, exist_ok=True)
     data_dir = args.workdir / "data"
-    write_vowel_parquet(data_dir / "train.parquet", 64)
-    write_vowel_parquet(data_dir / "val.parquet", 8, seed=1)
+    write_data(args, data_dir)
     metrics_path = args.workdir / "metrics.jsonl"
     metrics_path.unlink(missing_ok=True)
     router_yaml = args.workdir / "router.yaml"
@@ -354,6 +398,7 @@ def build_report(args, cmd: list[str], router: dict, steps: list[dict], watch: W
     for entry in steps:
         data = entry["data"]
         row = {"step": entry["step"], **{name: data.get(name) for name in METRICS}}
+        row["val_acc"] = data.get(val_metric(args)) if val_metric(args) else None
         # The trained batch holds only kept groups (verl refills what the filter evicts).
         row["kept_groups"] = args.prompts_per_step
         row["filtered_groups"] = data.get("training/filter_groups/evicted_samples", 0)
@@ -366,6 +411,10 @@ def build_report(args, cmd: list[str], router: dict, steps: list[dict], watch: W
         "plugin_lines": sorted(watch.plugin_lines),
         "rollout_traces": traces,
         "command": " ".join(cmd),
+        "task": args.task,
+        "model": str(args.model),
+        "seed": args.seed,
+        "lr": args.lr,
         "router_class": router["router_class"],
         "router_policy": router["policy"],
         "control_no_sync": args.control_no_sync,
@@ -382,7 +431,9 @@ def summary_line(row: dict) -> str:
         value = row.get(name)
         return "-" if value is None else format(value, fmt)
 
-    return (f"step {row['step']}: reward {num('critic/score/mean')}  probs_diff_max "
+    held_out = "" if row.get("val_acc") is None else f"  held-out acc {row['val_acc']:.3f}"
+    return (f"step {row['step']}: reward {num('critic/score/mean')}{held_out}  length {num('response_length/mean', '.1f')}"
+            f"  probs_diff_max "
             f"{num('training/rollout_probs_diff_max')}  grad_norm {num('actor/grad_norm')}  gen "
             f"{num('timing_s/gen', '.1f')} s  update {num('timing_s/update_actor', '.1f')} s  sync "
             f"{num('timing_s/update_weights', '.1f')} s  router moves {row['router'].get('moves', '-')}")
@@ -390,15 +441,23 @@ def summary_line(row: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=str(REPO / ".cache/models/tiny-qwen2"))
+    parser.add_argument("--task", choices=tuple(TASKS), default="arith",
+                        help="arith: the trained arithmetic model, correctness reward; vowel: random weights, toy reward")
+    parser.add_argument("--model", default=None, help="default: the task's model (built by make setup)")
+    parser.add_argument("--seed", type=int, default=0, help="data order, prompts and sampling")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--ranks", type=int, default=2, help="FSDP2 ranks = hybrid rollout replicas")
     parser.add_argument("--prompts-per-step", type=int, default=4)
     parser.add_argument("--n", type=int, default=4, help="responses per prompt (DAPO group size)")
-    parser.add_argument("--response-length", type=int, default=16)
-    parser.add_argument("--overlong-buffer", type=int, default=4)
+    parser.add_argument("--response-length", type=int, default=None, help="default: arith 256, vowel 16")
+    parser.add_argument("--overlong-buffer", type=int, default=None, help="default: arith 64, vowel 4")
     parser.add_argument("--chunk-tokens", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=None, help="default: arith 3e-4, vowel 1e-3; 0: the control "
+                                                               "run, no learning")
+    parser.add_argument("--val-prompts", type=int, default=None,
+                        help="held-out prompts sampled before training and after every step (0: off; "
+                             "default: arith 64, vowel 0)")
+    parser.add_argument("--val-n", type=int, default=4, help="samples per held-out prompt, temperature 1")
     parser.add_argument("--timeout-s", type=float, default=1200)
     parser.add_argument("--workdir", type=Path, default=REPO / "out/dapo_train")
     parser.add_argument("--report", default=str(REPO / "out/dapo_train.json"))
@@ -407,7 +466,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control-no-sync", action="store_true",
                         help="control run: no weight sync after step 1, so from step 3 on rollout_probs_diff must grow")
     args = parser.parse_args(argv)
-    for name in ("steps", "ranks", "prompts_per_step", "n", "response_length", "chunk_tokens"):
+    task = TASKS[args.task]
+    args.model = args.model or str(task["model"])
+    if args.response_length is None:
+        args.response_length = task["response_length"]
+    if args.overlong_buffer is None:
+        args.overlong_buffer = task["overlong_buffer"]
+    if not 0 < args.overlong_buffer <= args.response_length:
+        parser.error(f"--overlong-buffer={args.overlong_buffer} is not allowed; use 1..--response-length "
+                     f"({args.response_length})")
+    if args.lr is None:
+        args.lr = task["lr"]
+    if args.lr < 0:
+        parser.error(f"--lr={args.lr} is not allowed; use a number >= 0 (0: the control run, no learning)")
+    if not Path(args.model, "config.json").is_file():
+        parser.error(f"--model={args.model} has no config.json; `make setup` builds the task's model")
+    if args.val_prompts is None:
+        args.val_prompts = task["val_prompts"]
+    for name in ("val_prompts",):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} is not allowed; use an integer >= 0")
+    for name in ("steps", "ranks", "prompts_per_step", "n", "response_length", "chunk_tokens", "val_n"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} is not allowed; use an integer >= 1")
     args.workdir = args.workdir.resolve()

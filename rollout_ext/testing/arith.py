@@ -10,7 +10,8 @@ give their lengths a long tail, as in real RL rollouts: a digit-by-digit explana
 wrong step caught with "wait," and redone, and one or more "check:" passes that restate the chain.
 Long prompts get more checks, so response length follows the prompt.
 
-compute_score is a verl reward function (correctness minus DAPO's overlong penalty).
+compute_score is a verl reward function (correctness minus DAPO's overlong penalty); compute_acc is
+correctness alone, for verl's `dapo` reward manager, which applies the penalty itself.
 """
 
 from __future__ import annotations
@@ -137,6 +138,13 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None,
     response_tokens = (extra_info or {}).get("response_length", len(solution_str or ""))
     penalty = overlong_penalty(int(response_tokens), max_response_tokens, overlong_buffer_tokens)
     return {"score": acc + penalty, "acc": acc}
+
+
+def compute_acc(data_source, solution_str, ground_truth, extra_info=None, **_) -> dict:
+    """verl reward without the length penalty, for reward managers that apply DAPO's overlong
+    penalty themselves (verl's `dapo` manager with overlong_buffer_cfg)."""
+    acc = float(is_correct(solution_str, int(ground_truth)))
+    return {"score": acc, "acc": acc}
 
 
 def _apply(a: int, op: str, b: int) -> int:

@@ -104,3 +104,23 @@ def write_vowel_parquet(path: str | Path, num_prompts: int, seed: int = 0) -> Pa
     path.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_parquet(path)
     return path
+
+
+def write_arith_parquet(path: str | Path, num_prompts: int, seed: int = 0) -> Path:
+    """verl's RL dataset format for the arithmetic task (rollout_ext.testing.arith): the prompt is the
+    problem, the ground truth its answer."""
+    import pandas as pd
+
+    from rollout_ext.testing import arith
+
+    rows = [{
+        "data_source": "arith",
+        "prompt": [{"role": "user", "content": problem.prompt}],
+        "ability": "arithmetic",
+        "reward_model": {"style": "rule", "ground_truth": str(problem.answer)},
+        "extra_info": {"index": index, "num_operands": problem.num_operands},
+    } for index, problem in enumerate(arith.problems(seed, num_prompts))]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_parquet(path)
+    return path

@@ -45,7 +45,7 @@ def _env(engine_cache_env) -> dict[str, str]:
 
 def _cmd(repo_root, tiny_qwen2, workdir: Path, steps: int, *extra: str) -> list[str]:
     return [sys.executable, str(repo_root / "examples" / "dapo_train_cpu.py"), "--model", str(tiny_qwen2),
-            "--steps", str(steps), "--workdir", str(workdir), "--report", str(workdir / "report.json"), *extra]
+            "--task", "vowel", "--steps", str(steps), "--workdir", str(workdir), "--report", str(workdir / "report.json"), *extra]
 
 
 def _shm() -> set[str]:

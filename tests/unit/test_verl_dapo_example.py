@@ -35,18 +35,41 @@ def test_vowel_reward_varies_and_is_bounded(repo_root):
     assert reward.compute_score("toy", "Ab 12 !")["acc"] == pytest.approx(0.5)  # letters only, any case
 
 
-def test_bad_arguments_name_the_flag(repo_root):
-    proc = subprocess.run([sys.executable, str(repo_root / "examples" / "dapo_train_cpu.py"), "--steps", "0"],
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "0"], "--steps=0 is not allowed; use an integer >= 1"),
+    (["--lr", "-1"], "--lr=-1.0 is not allowed; use a number >= 0"),
+    (["--overlong-buffer", "300"], "--overlong-buffer=300 is not allowed; use 1..--response-length (256)"),
+    (["--task", "chess"], "--task: invalid choice: 'chess'"),
+])
+def test_bad_arguments_name_the_flag(repo_root, args, message):
+    proc = subprocess.run([sys.executable, str(repo_root / "examples" / "dapo_train_cpu.py"), *args],
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "--steps=0 is not allowed; use an integer >= 1" in proc.stderr
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_the_arith_dataset_carries_the_answer_and_the_reward_reads_it(tmp_path):
+    import pandas as pd
+
+    from rollout_ext.testing import arith
+    from rollout_ext.verl.tiny_run import write_arith_parquet
+
+    frame = pd.read_parquet(write_arith_parquet(tmp_path / "train.parquet", 16, seed=3))
+    assert len(frame) == 16 and set(frame["data_source"]) == {"arith"}
+    row = frame.iloc[0]
+    problem = arith.problems(3, 1)[0]
+    assert row["prompt"][0]["content"] == problem.prompt
+    truth = row["reward_model"]["ground_truth"]
+    assert arith.compute_acc("arith", f"... A:{problem.answer}", truth) == {"score": 1.0, "acc": 1.0}
+    assert arith.compute_acc("arith", f"... A:{problem.answer + 1}", truth)["score"] == 0.0  # control
 
 
 def test_summary_line_reads_verl_metric_names(example):
     row = {"step": 2, "critic/score/mean": -0.6, "training/rollout_probs_diff_max": 4e-6, "actor/grad_norm": 6.0,
            "timing_s/gen": 2.0, "timing_s/update_actor": 0.3, "timing_s/update_weights": 0.1,
-           "router": {"moves": 0}}
+           "response_length/mean": 41.25, "router": {"moves": 0}}
     line = example.summary_line(row)
-    assert line.startswith("step 2: reward -0.6  probs_diff_max 4e-06  grad_norm 6") and "router moves 0" in line
+    assert line.startswith("step 2: reward -0.6  length 41.2  probs_diff_max 4e-06  grad_norm 6")
+    assert "router moves 0" in line
     assert "reward -" in example.summary_line({"step": 1, "router": {}})  # missing metrics print as "-"
 
 
@@ -103,3 +126,15 @@ def test_nonzero_exit_and_reported_errors_fail_naming_the_cause(example, tmp_pat
     failure, watch, proc = _supervised(
         example, tmp_path, "print('Traceback (most recent call last):', flush=True)\nimport time; time.sleep(60)\n")
     assert failure.startswith("error reported: Traceback") and proc.returncode != 0  # the group was killed
+
+
+def test_verl_loads_the_arith_reward_file_by_path(repo_root):
+    from verl.utils.import_utils import load_extern_object
+
+    compute_acc = load_extern_object(module_path=str(repo_root / "examples" / "arith_reward.py"),
+                                     object_name="compute_acc")
+    assert compute_acc("arith", "12+3=15. A:15", "15") == {"score": 1.0, "acc": 1.0}
+    # Control: the module itself cannot be loaded by path (its dataclass needs sys.modules).
+    with pytest.raises(RuntimeError, match="Error loading module"):
+        load_extern_object(module_path=str(repo_root / "rollout_ext" / "testing" / "arith.py"),
+                           object_name="compute_acc")
