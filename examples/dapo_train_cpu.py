@@ -160,11 +160,11 @@ def train_overrides(args, data_dir: Path, router_yaml: Path) -> list[str]:
 VAL_SEED = 10_000
 TASKS = {
     "arith": {"model": REPO / ".cache/models/arith-qwen2", "response_length": 256, "overlong_buffer": 64,
-              "val_prompts": 64, "lr": 3e-4,
+              "val_prompts": 64, "lr": 3e-4, "train_prompts": 256,
               "reward": [f"reward.custom_reward_function.path={REPO / 'examples' / 'arith_reward.py'}",
                          "reward.custom_reward_function.name=compute_acc"]},
     "vowel": {"model": REPO / ".cache/models/tiny-qwen2", "response_length": 16, "overlong_buffer": 4,
-              "val_prompts": 0, "lr": 1e-3,
+              "val_prompts": 0, "lr": 1e-3, "train_prompts": 64,
               "reward": [f"reward.custom_reward_function.path={REPO / 'examples' / 'vowel_reward.py'}"]},
 }
 
@@ -173,7 +173,7 @@ def write_data(args, data_dir: Path) -> None:
     from rollout_ext.verl.tiny_run import write_arith_parquet, write_vowel_parquet
 
     write = write_arith_parquet if args.task == "arith" else write_vowel_parquet
-    write(data_dir / "train.parquet", 256, seed=args.seed)
+    write(data_dir / "train.parquet", TASKS[args.task]["train_prompts"], seed=args.seed)
     # One held-out set for every seed, so that runs are measured on the same problems.
     write(data_dir / "val.parquet", max(8, args.val_prompts), seed=VAL_SEED)
 

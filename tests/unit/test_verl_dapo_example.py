@@ -138,3 +138,16 @@ def test_verl_loads_the_arith_reward_file_by_path(repo_root):
     with pytest.raises(RuntimeError, match="Error loading module"):
         load_extern_object(module_path=str(repo_root / "rollout_ext" / "testing" / "arith.py"),
                            object_name="compute_acc")
+
+
+def test_the_held_out_set_is_sampled_only_when_asked(example):
+    import argparse
+
+    off = argparse.Namespace(val_prompts=0, val_n=4, task="arith")
+    assert example.validation_overrides(off) == ["trainer.val_before_train=False", "trainer.test_freq=-1"]
+    assert example.val_metric(off) is None
+    on = argparse.Namespace(val_prompts=64, val_n=4, task="arith")
+    assert "trainer.test_freq=1" in example.validation_overrides(on)
+    assert "actor_rollout_ref.rollout.val_kwargs.temperature=1.0" in example.validation_overrides(on)
+    # verl's name for the core validation metric of data source "arith" with n=4 samples.
+    assert example.val_metric(on) == "val-core/arith/acc/mean@4"
