@@ -76,10 +76,12 @@ def arith_hash(seed: int, steps: int) -> str:
 
 
 def build_arith_model(out_dir: str | os.PathLike | None = None, seed: int = 0, progress=print,
-                      steps: int = TRAIN_STEPS) -> Path:
+                      steps: int = TRAIN_STEPS, eval_per_operand_count: int = EVAL_PER_OPERAND_COUNT) -> Path:
     """Trains and writes the checkpoint plus train_report.json; a no-op if out_dir already has it.
 
-    steps below TRAIN_STEPS give an untrained but valid checkpoint quickly (for tests).
+    steps below TRAIN_STEPS give an untrained but valid checkpoint quickly (for tests); a small
+    eval_per_operand_count keeps its evaluation short too (an untrained model never stops, so each
+    held-out group decodes to EVAL_MAX_NEW_TOKENS).
     """
     import torch
 
@@ -99,7 +101,7 @@ def build_arith_model(out_dir: str | os.PathLike | None = None, seed: int = 0, p
     try:
         model = _new_model(config, seed)
         train_stats = _train(model, char_ids(tokenizer), seed, steps, progress)
-        accuracy = evaluate(model, char_ids(tokenizer), special_ids[EOS_TOKEN])
+        accuracy = evaluate(model, char_ids(tokenizer), special_ids[EOS_TOKEN], eval_per_operand_count)
     finally:
         torch.set_num_threads(previous_threads)
     progress(f"greedy accuracy {accuracy['overall']:.3f}; by operand count "
@@ -237,12 +239,12 @@ def _lr_scale(step: int, steps: int) -> float:
     return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def evaluate(model, ids: dict[str, int], eos_id: int) -> dict:
+def evaluate(model, ids: dict[str, int], eos_id: int, per_operand_count: int = EVAL_PER_OPERAND_COUNT) -> dict:
     """Greedy exact-answer accuracy on a fixed held-out set, overall and by operand count."""
     chars = {token_id: char for char, token_id in ids.items()}
     by_count = {}
     for count in range(arith.MIN_OPERANDS, arith.MAX_OPERANDS + 1):
-        held_out = arith.problems(EVAL_SEED + count, EVAL_PER_OPERAND_COUNT, num_operands=count)
+        held_out = arith.problems(EVAL_SEED + count, per_operand_count, num_operands=count)
         # Same-length prompts batch without padding.
         groups: dict[int, list[arith.Problem]] = {}
         for problem in held_out:
@@ -254,7 +256,7 @@ def evaluate(model, ids: dict[str, int], eos_id: int) -> dict:
             correct += sum(arith.is_correct(text, p.answer) for text, p in zip(texts, group))
         by_count[count] = correct / len(held_out)
     return {"overall": sum(by_count.values()) / len(by_count), "by_num_operands": by_count,
-            "problems": EVAL_PER_OPERAND_COUNT * len(by_count)}
+            "problems": per_operand_count * len(by_count)}
 
 
 def greedy(model, prompts: list[list[int]], eos_id: int,

@@ -36,7 +36,7 @@ def test_the_trained_model_passes_every_check_and_the_greedy_control_fails_two(a
 
 
 def test_an_untrained_checkpoint_fails_the_accuracy_and_reward_checks(tmp_path, engine_cache_env):
-    model = build_arith_model(tmp_path / "untrained", steps=20, progress=lambda _: None)
+    model = build_arith_model(tmp_path / "untrained", steps=20, eval_per_operand_count=1, progress=lambda _: None)
     result, _ = _properties(model, tmp_path / "props.json", engine_cache_env, "--prompts", "16",
                             "--samples", "4")
     accuracy_ok, reward_ok, _tail_ok = result["checks"].values()

@@ -8,8 +8,10 @@ import pytest
 from rollout_ext.testing import arith, arith_props
 from rollout_ext.testing.arith_model import build_arith_model, build_tokenizer, char_ids
 
-# A few optimizer steps: a valid, untrained checkpoint in seconds.
+# A few optimizer steps and one held-out problem per operand count: a valid, untrained checkpoint
+# in seconds.
 SHORT_STEPS = 20
+SHORT = {"steps": SHORT_STEPS, "eval_per_operand_count": 1}
 
 
 def test_problems_are_seeded_and_keep_running_values_in_range():
@@ -85,15 +87,15 @@ def _sha256(path):
 
 def test_the_build_is_deterministic_and_a_second_run_does_not_rebuild(tmp_path):
     lines = []
-    a = build_arith_model(tmp_path / "a", seed=0, steps=SHORT_STEPS, progress=lines.append)
-    b = build_arith_model(tmp_path / "b", seed=0, steps=SHORT_STEPS, progress=lambda _: None)
-    c = build_arith_model(tmp_path / "c", seed=1, steps=SHORT_STEPS, progress=lambda _: None)
+    a = build_arith_model(tmp_path / "a", seed=0, progress=lines.append, **SHORT)
+    b = build_arith_model(tmp_path / "b", seed=0, progress=lambda _: None, **SHORT)
+    c = build_arith_model(tmp_path / "c", seed=1, progress=lambda _: None, **SHORT)
     assert any(line.startswith(f"step {SHORT_STEPS}/{SHORT_STEPS}") for line in lines)
     assert _sha256(a / "model.safetensors") == _sha256(b / "model.safetensors")
     assert _sha256(a / "model.safetensors") != _sha256(c / "model.safetensors")  # control
     mtimes = {p.name: p.stat().st_mtime_ns for p in a.iterdir()}
     again = []
-    assert build_arith_model(a, seed=0, steps=SHORT_STEPS, progress=again.append) == a
+    assert build_arith_model(a, seed=0, progress=again.append, **SHORT) == a
     assert again == [] and {p.name: p.stat().st_mtime_ns for p in a.iterdir()} == mtimes
 
 
