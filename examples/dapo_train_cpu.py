@@ -483,9 +483,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--model={args.model} has no config.json; `make setup` builds the task's model")
     if args.val_prompts is None:
         args.val_prompts = task["val_prompts"]
-    for name in ("val_prompts",):
-        if getattr(args, name) < 0:
-            parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} is not allowed; use an integer >= 0")
+    if args.val_prompts < 0:
+        parser.error(f"--val-prompts={args.val_prompts} is not allowed; use an integer >= 0")
     for name in ("steps", "ranks", "prompts_per_step", "n", "response_length", "chunk_tokens", "val_n"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} is not allowed; use an integer >= 1")
