@@ -43,6 +43,10 @@ class RolloutExtHttpServer(vLLMHttpServer):
         config.engine_kwargs = {**(config.engine_kwargs or {}), BACKEND: merged_engine_kwargs(config.engine_kwargs)}
         return config
 
+    async def submission_open(self) -> bool:
+        """False between verl's abort_all_requests and resume_generation: the router places nothing then."""
+        return not self._submission_paused
+
     def _get_engine_kwargs_key(self) -> str:
         return BACKEND
 

@@ -22,6 +22,14 @@ The policy (rollout_ext.balance) is plain Python; this actor only translates ver
   reason to move it, as verl's own router keeps a conversation on one replica.
 - `remove_servers` hands the removed replicas' in-flight requests back to the policy; their
   clients re-acquire them (continuation.py does so when a replica dies mid-chunk).
+- `release_server(..., aborted=True)`: the chunk was aborted because verl paused the replicas (a
+  weight sync, `rebalance_requests`, the end of a colocated sample). The sequence stays live under
+  its record, and the router places nothing, neither its resume nor any waiting request, until
+  every replica's submission gate is open again (polled every GATE_POLL_S through the server's
+  `submission_open`). So after verl's `abort_all_requests`, `get_total_inflight` drains to 0 and
+  stays there until `resume_generation`, which is what `rebalance_requests` waits for; a router
+  that kept placing would send waiting requests to the closed gates, where they hold the count up.
+  Servers without `submission_open` (verl's own) count as open.
 
 Waiting requests. Every parked acquire holds one of the actor's concurrent calls while it awaits.
 Ray gives an async actor started as `ray.remote(cls)` 1,000 of them, so with more than 1,000
@@ -62,6 +70,7 @@ from rollout_ext.balance.tail_aware import TailAwareConfig
 
 POLICY_NAMES = ROUTER_POLICIES
 NO_SERVERS = "No available servers in load balancer"  # verl's wording: FullyAsync clients retry on it
+GATE_POLL_S = 0.1  # while paused by an abort: how often the replicas' submission gates are read
 # Finished conversations kept for their next turn when nobody calls clear_sticky_cache (verl's own
 # router keeps as many: DEFAULT_ROUTING_CACHE_SIZE).
 STICKY_CONVERSATIONS = 10_000
@@ -152,6 +161,12 @@ class TailAwareRouter:
         # Chunks that ended on each replica with the sequence still unfinished (it may move next).
         self._open_releases: dict[str, int] = {}
         self._cpu0_s = time.process_time()  # the router's own CPU, which competes with the engines' on a small host
+        # Cleared by an aborted release (verl paused the replicas), set once every replica's gate is open.
+        self._open = asyncio.Event()
+        self._open.set()
+        self._held = 0  # acquires waiting for the replicas to reopen
+        self._pauses = 0
+        self._reopener: asyncio.Task | None = None
         self.add_servers(servers)
 
     # ---- verl protocol ----------------------------------------------------------------------
@@ -172,6 +187,12 @@ class TailAwareRouter:
         if conv.server is not None:
             # A release from the same client may still be queued behind this call.
             self._release(conv, conv.server, generated, finished=False)
+        while not self._open.is_set():
+            self._held += 1
+            try:
+                await self._open.wait()
+            finally:
+                self._held -= 1
         while True:
             if not self._handles:
                 raise RuntimeError(NO_SERVERS)
@@ -197,11 +218,15 @@ class TailAwareRouter:
         return conv
 
     def release_server(self, server_id: str, request_id: str | None = None,
-                       generated_tokens: int | None = None, finished: bool | None = None) -> None:
+                       generated_tokens: int | None = None, finished: bool | None = None,
+                       aborted: bool = False) -> None:
+        if aborted:
+            self._pause()
+            finished = False  # it resumes under this record
         conv = self._live.get(request_id) if request_id is not None else None
         if conv is None or conv.server != server_id:
             return  # stale (replica removed, or already released by a later acquire)
-        if not finished and generated_tokens is not None and generated_tokens <= conv.generated:
+        if not finished and not aborted and generated_tokens is not None and generated_tokens <= conv.generated:
             return  # the previous chunk's release, overtaken by this chunk's acquire (no chunk ends empty)
         if finished is None:
             finished = True  # verl's plain client: one generate call is the whole turn
@@ -245,6 +270,9 @@ class TailAwareRouter:
             "active_servers": len(self._handles),
             "registered_handles": list(self._handles),
             "waiting": self._parked,
+            "paused": not self._open.is_set(),
+            "held": self._held,
+            "pauses": self._pauses,
             "conversations": {"live": len(self._live), "sticky": len(self._sticky)},
             "acquires": self._acquires,
             "open_releases": dict(self._open_releases),
@@ -333,7 +361,29 @@ class TailAwareRouter:
             self._open_releases[server_id] = self._open_releases.get(server_id, 0) + 1
         self._wake_placed()
 
+    def _pause(self) -> None:
+        """Place nothing until every replica's gate is open again (see the module docstring)."""
+        if not self._open.is_set():
+            return
+        self._open.clear()
+        self._pauses += 1
+        try:
+            self._reopener = asyncio.get_running_loop().create_task(self._reopen_when_gates_open())
+        except RuntimeError:
+            self._reopen()  # no event loop (the class driven in one process): nothing can be waited for
+
+    async def _reopen_when_gates_open(self) -> None:
+        while not all(await asyncio.gather(*(_gate_open(h) for h in list(self._handles.values())))):
+            await asyncio.sleep(GATE_POLL_S)
+        self._reopen()
+
+    def _reopen(self) -> None:
+        self._open.set()
+        self._wake_placed()
+
     def _wake_placed(self) -> None:
+        if not self._open.is_set():
+            return  # the policy keeps its placements until the replicas reopen
         for request_id, server_id in self.policy.take_ready():
             conv = self._live.get(request_id)
             if conv is None or conv.waiter is None:
@@ -341,6 +391,14 @@ class TailAwareRouter:
             waiter, conv.waiter = conv.waiter, None
             if not waiter.done():
                 waiter.set_result(server_id)
+
+
+async def _gate_open(handle) -> bool:
+    """A replica server's submission gate; verl's own servers, and dead ones, count as open."""
+    try:
+        return bool(await handle.submission_open.remote())
+    except (AttributeError, ray.exceptions.RayError):
+        return True
 
 
 # Every parked acquire holds one of the actor's concurrent calls while it waits (see the module doc).

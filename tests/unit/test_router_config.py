@@ -76,7 +76,17 @@ def test_apply_selects_the_chunked_client_for_rollout_ext_only():
         ours, theirs = _manager("rollout_ext"), _manager("vllm")
         assert type(ours.get_client()) is continuation.ChunkedLLMServerClient
         assert type(theirs.get_client()) is LLMServerClient
-        assert type(ours.get_client(client_cls=FullyAsyncLLMServerClient)) is FullyAsyncLLMServerClient
+        # verl's abort-resuming client is replaced too (our client is one), with its only_hybrid kept;
+        # another explicit class is the caller's choice.
+        resuming = ours.get_client(client_cls=FullyAsyncLLMServerClient, only_hybrid=True)
+        assert type(resuming) is continuation.ChunkedLLMServerClient and resuming._only_hybrid
+        assert isinstance(resuming, FullyAsyncLLMServerClient)
+        assert type(theirs.get_client(client_cls=FullyAsyncLLMServerClient)) is FullyAsyncLLMServerClient
+
+        class Custom(LLMServerClient):
+            pass
+
+        assert type(ours.get_client(client_cls=Custom)) is Custom
     finally:
         selection.revert()
     assert LLMServerManager.get_client is original

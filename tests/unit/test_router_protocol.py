@@ -31,6 +31,19 @@ def _scenarios(tmp: Path) -> dict:
         def name(self) -> str:
             return "server"
 
+    @ray.remote(num_cpus=0)
+    class GatedServer:
+        """A server with the submission gate our replica servers expose (closed between abort and resume)."""
+
+        def __init__(self):
+            self.open = True
+
+        def set_open(self, value: bool) -> None:
+            self.open = value
+
+        def submission_open(self) -> bool:
+            return self.open
+
     out: dict = {}
     protocol = {n for n in dir(RequestLoadBalancer) if not n.startswith("_")}
     out["missing_methods"] = sorted(protocol - set(dir(TailAwareRouter)))
@@ -109,7 +122,49 @@ def _scenarios(tmp: Path) -> dict:
                                                          sampling_params={"max_tokens": 64})
         out["chunk_tail_aware"] = [placed, chunk]
 
+    async def pause(tell_abort: bool) -> dict:
+        """Two replicas of one slot, a third request waiting; verl closes both gates and aborts the two
+        running chunks. With `tell_abort` (our client) the router places nothing until the gates reopen;
+        without it (verl's plain release) the control."""
+        path = tmp / f"pause-{tell_abort}.yaml"
+        path.write_text("router_class: rollout_ext.verl.router.TailAwareRouterActor\npolicy: tail_aware\n"
+                        "slots_per_replica: 1\nchunk_tokens: 8\n")
+        servers = {f"g{i}": GatedServer.remote() for i in range(2)}
+        lb = get_router_handle(servers, router_config_path=str(path))
+        params = {"max_tokens": 64}
+        first = {}
+        for i, rid in enumerate(("p1", "p2")):
+            first[rid], _, _ = await lb.acquire_chunk.remote(request_id=rid, prompt_ids=[1, i], sampling_params=params)
+        waiting = asyncio.ensure_future(lb.acquire_chunk.remote(request_id="p3", prompt_ids=[1, 9], sampling_params=params))
+        await asyncio.sleep(0.2)
+        seen = {"waiting_parked": not waiting.done()}
+        await asyncio.gather(*(h.set_open.remote(False) for h in servers.values()))
+        extra = {"aborted": True} if tell_abort else {}
+        for rid in ("p1", "p2"):
+            await lb.release_server.remote(server_id=first[rid], request_id=rid, generated_tokens=5,
+                                           finished=None if not tell_abort else False, **extra)
+        resume = asyncio.ensure_future(lb.acquire_chunk.remote(request_id="p1", prompt_ids=[1, 0] + [0] * 5,
+                                                               sampling_params=params))
+        inflight = []
+        for _ in range(6):  # 0.6 s with the gates closed
+            await asyncio.sleep(0.1)
+            inflight.append(await lb.get_total_inflight.remote())
+        status = await lb.get_status.remote()
+        seen.update(inflight_while_closed=inflight, placed_while_closed=waiting.done() or resume.done(),
+                    paused=status["paused"], held=status["held"], parked=status["waiting"], turns=(await lb.conversation.remote("p1"))["turns"])
+        await asyncio.gather(*(h.set_open.remote(True) for h in servers.values()))
+        t0 = asyncio.get_running_loop().time()
+        await asyncio.wait_for(asyncio.gather(waiting, resume), timeout=5)
+        seen["reopened_s"] = asyncio.get_running_loop().time() - t0
+        seen["inflight_after_open"] = await lb.get_total_inflight.remote()
+        conv = await lb.conversation.remote("p1")
+        seen["turns_after"], seen["finished_after"] = conv["turns"], conv["finished"]
+        seen["policy_finished"] = (await lb.get_status.remote())["policy"]["finished"]
+        return seen
+
     asyncio.run(run())
+    out["pause"] = asyncio.run(pause(tell_abort=True))
+    out["pause_control"] = asyncio.run(pause(tell_abort=False))
     return out
 
 
@@ -179,6 +234,27 @@ def test_removed_replica_hands_back_its_requests(report):
     assert report["orphan_redispatched_to"] == report["servers_left"][0]
     assert "No available servers" in report["empty_pool_error"]
     assert report["added"] == ["s9"]
+
+
+def test_an_aborted_release_holds_placement_until_the_replicas_reopen(report):
+    seen = report["pause"]
+    assert seen["waiting_parked"]
+    # verl's rebalance_requests polls get_total_inflight for 0: it drains and stays there.
+    assert seen["inflight_while_closed"] == [0] * 6, seen
+    # The resume waits at the router's gate; the request that was waiting for a slot stays parked.
+    assert not seen["placed_while_closed"] and seen["paused"] and seen["held"] == 1 and seen["parked"] == 1, seen
+    # The aborted sequence resumes under its own record: the same turn, not finished.
+    assert seen["turns"] == seen["turns_after"] == 1 and not seen["finished_after"]
+    assert seen["policy_finished"] == 0
+    assert seen["reopened_s"] < 1.0 and seen["inflight_after_open"] == 2
+
+
+def test_control_a_plain_release_is_read_as_finished_and_placement_goes_on(report):
+    seen = report["pause_control"]
+    assert seen["waiting_parked"]
+    assert seen["placed_while_closed"] and not seen["paused"]
+    assert 0 not in seen["inflight_while_closed"][1:], seen  # the waiting request was sent to a closed gate
+    assert seen["turns_after"] == 2 and seen["policy_finished"] == 2  # the resume is a new turn
 
 
 if __name__ == "__main__":
