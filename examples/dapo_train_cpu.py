@@ -90,7 +90,7 @@ def train_overrides(args, data_dir: Path, router_yaml: Path) -> list[str]:
         *rollout_overrides(args.model, replicas=args.ranks, tp=1, response_length=args.response_length,
                            rollout_n=args.n, trainer_gpus_per_node=args.ranks),
         "trainer.use_v1=True",
-        "trainer.v1.trainer_mode=sync",
+        f"trainer.v1.trainer_mode={args.trainer_mode}",
         "trainer.device=cpu",
         f"trainer.total_training_steps={args.steps}",
         "trainer.total_epochs=100",
@@ -158,6 +158,7 @@ def train_overrides(args, data_dir: Path, router_yaml: Path) -> list[str]:
 
 
 VAL_SEED = 10_000
+TRAINER_MODES = ("sync", "colocate_async")  # the v1 modes that run on hybrid replicas
 TASKS = {
     "arith": {"model": REPO / ".cache/models/arith-qwen2", "response_length": 256, "overlong_buffer": 64,
               "val_prompts": 64, "lr": 3e-4, "train_prompts": 256,
@@ -417,6 +418,7 @@ def build_report(args, cmd: list[str], router: dict, steps: list[dict], watch: W
         "lr": args.lr,
         "router_class": router["router_class"],
         "router_policy": router["policy"],
+        "trainer_mode": args.trainer_mode,
         "control_no_sync": args.control_no_sync,
         "failure": failure,
         "failed_step": watch.step if failure else None,
@@ -446,6 +448,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="default: the task's model (built by make setup)")
     parser.add_argument("--seed", type=int, default=0, help="data order, prompts and sampling")
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--trainer-mode", choices=TRAINER_MODES, default="sync",
+                        help="verl's v1 trainer: sync, or colocate_async (one batch sampled ahead; the "
+                             "unfinished samples are aborted at each weight sync and resumed after it)")
     parser.add_argument("--ranks", type=int, default=2, help="FSDP2 ranks = hybrid rollout replicas")
     parser.add_argument("--prompts-per-step", type=int, default=4)
     parser.add_argument("--n", type=int, default=4, help="responses per prompt (DAPO group size)")

@@ -157,6 +157,9 @@ class TailAwareRouter:
         self._parked = 0  # acquires awaiting a placement
         self._acquires = 0
         self._finished = 0  # turns finished
+        self._lengths = 0  # turns finished with their length reported (what the predictor learns from)
+        self._later_turns = 0  # turns after a conversation's first (multi-turn, or a resume read as a new request)
+        self._aborts = 0  # chunks aborted by a replica pause; each resumes under its record
         self._epochs = 0
         # Chunks that ended on each replica with the sequence still unfinished (it may move next).
         self._open_releases: dict[str, int] = {}
@@ -221,6 +224,7 @@ class TailAwareRouter:
                        generated_tokens: int | None = None, finished: bool | None = None,
                        aborted: bool = False) -> None:
         if aborted:
+            self._aborts += 1
             self._pause()
             finished = False  # it resumes under this record
         conv = self._live.get(request_id) if request_id is not None else None
@@ -303,14 +307,16 @@ class TailAwareRouter:
 
     def end_epoch(self) -> dict:
         """Call after each training step's rollout (patches/verl_epoch_end.py does, in verl jobs):
-        the length predictor turns this batch into history. Returns the epochs closed so far and
-        the policy's moves."""
+        the length predictor turns this batch into history. Returns counts so far: epochs closed,
+        the policy's moves, turns finished and those whose length was reported, turns after a
+        conversation's first, chunks aborted by a replica pause, and acquires."""
         predictor = getattr(self.policy, "predictor", None)
         if predictor is not None:
             predictor.end_epoch()
         self._group_sizes.clear()  # sample indices restart with the next batch
         self._epochs += 1
         return {"epochs": self._epochs, "moves": self.policy.moves, "finished": self._finished,
+                "lengths": self._lengths, "later_turns": self._later_turns, "aborts": self._aborts,
                 "acquires": self._acquires}
 
     def conversation(self, request_id: str) -> dict | None:
@@ -328,6 +334,7 @@ class TailAwareRouter:
             return conv
         ids = list(prompt_ids) if prompt_ids is not None else []
         conv = self._sticky.pop(request_id, None)  # a later turn
+        self._later_turns += conv is not None
         if conv is None:
             group = prompt_hash(ids)
             sample = self._group_sizes.get(group, 0)
@@ -354,6 +361,7 @@ class TailAwareRouter:
         self.policy.release(conv.request_id, server_id, generated, finished, time.monotonic())
         if finished:
             self._finished += 1
+            self._lengths += generated is not None
             self._sticky[conv.request_id] = self._live.pop(conv.request_id)
             if len(self._sticky) > STICKY_CONVERSATIONS:
                 self._sticky.popitem(last=False)

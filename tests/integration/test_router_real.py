@@ -34,6 +34,10 @@ CHUNK = 8
 CAP = 40
 EOS = 1
 SLOW_MS = 200.0
+ABORT_JOBS = 6
+ABORT_SLOTS = 2  # per replica: 4 run, 2 wait in the router when the replicas are paused
+ABORT_SLOW_MS = 100.0  # per step on both replicas, so that every sequence is mid-generation at the abort
+REBALANCE_TIMEOUT_S = 5.0
 
 
 def _jobs() -> list[dict]:
@@ -106,7 +110,8 @@ def _scenario(model: str) -> dict:
     def dump(out):
         return {"token_ids": list(out.token_ids), "log_probs": list(out.log_probs or []),
                 "replicas": out.extra_fields.get("continuation_replicas"),
-                "chunks": out.extra_fields.get("continuation_chunks")}
+                "chunks": out.extra_fields.get("continuation_chunks"),
+                "aborts": out.extra_fields.get("continuation_aborts"), "stop_reason": out.stop_reason}
 
     async def run_all(client, jobs, max_tokens=CAP):
         outs = await asyncio.gather(*(client.generate(j["request_id"], prompt_ids=j["prompt_ids"],
@@ -146,6 +151,61 @@ def _scenario(model: str) -> dict:
         set_slow(slow_dir, {})
         ray.kill(speed_router)
     report["speed_jobs"] = [j["length"] for j in speed_jobs]
+
+    # Abort and resume, as verl's async trainers pause the replicas: first by hand (abort, watch the
+    # router with the gates closed, resume), then through verl's own FullyAsyncRollouter.rebalance_requests.
+    # Ours is the client verl's manager hands out for FullyAsyncLLMServerClient in a rollout_ext job;
+    # the control is verl's FullyAsyncLLMServerClient itself against the same router.
+    from types import SimpleNamespace
+
+    from verl.experimental.fully_async_policy.fully_async_rollouter import FullyAsyncRollouter
+    from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient
+
+    from rollout_ext.testing import slow_steps
+
+    # FullyAsyncRollouter is a Ray actor class: its plain class is the one Ray's wrapper derives from.
+    rebalance_requests = FullyAsyncRollouter.__ray_metadata__.modified_class.__mro__[1].rebalance_requests
+    abort_jobs = [{"request_id": f"a{i}", "prompt_ids": [11 + (29 * i + 3 * k) % 900 for k in range(7)],
+                   "length": None} for i in range(ABORT_JOBS)]
+    report["abort_reference"] = asyncio.run(run_all(reference, abort_jobs))
+    set_slow(slow_dir, {pid: ABORT_SLOW_MS for pid in slow_steps.engines(slow_dir)})
+
+    async def abort_and_resume(client, router) -> dict:
+        seen: dict = {}
+        task = asyncio.ensure_future(run_all(client, abort_jobs))
+        while (await router.get_total_inflight.remote()) < 2 * ABORT_SLOTS:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)
+        replicas = manager.get_replicas()
+        await asyncio.gather(*(r.abort_all_requests() for r in replicas))
+        inflight = []
+        for _ in range(15):  # 1.5 s with the gates closed
+            await asyncio.sleep(0.1)
+            inflight.append(await router.get_total_inflight.remote())
+        seen["inflight_while_closed"] = inflight
+        await asyncio.gather(*(r.resume_generation() for r in replicas))
+        await asyncio.sleep(0.5)
+        rollouter = SimpleNamespace(llm_server_manager=SimpleNamespace(global_load_balancer=router,
+                                                                       get_replicas=manager.get_replicas))
+        t0 = time.monotonic()
+        await rebalance_requests(rollouter, wait_inflight_timeout_s=REBALANCE_TIMEOUT_S)
+        seen["rebalance_s"] = time.monotonic() - t0
+        seen["outputs"] = await task
+        seen["conversations"] = [await router.conversation.remote(j["request_id"]) for j in abort_jobs]
+        seen["status"] = await router.get_status.remote()
+        return seen
+
+    for name in ("abort", "abort_control"):
+        router = make_router(manager, "tail_aware", CHUNK, ABORT_SLOTS, tmp)
+        if name == "abort":
+            manager.global_load_balancer = router
+            client = manager.get_client(client_cls=FullyAsyncLLMServerClient, eos_token_ids=[EOS])
+        else:
+            client = FullyAsyncLLMServerClient(config, router)
+        report[f"{name}_client"] = type(client).__name__
+        report[name] = asyncio.run(abort_and_resume(client, router))
+        ray.kill(router)
+    set_slow(slow_dir, {})
 
     # Fault: long sequences, one replica killed mid-rollout.
     fault_jobs = [{"request_id": f"f{i}", "prompt_ids": [5 + (31 * i + 7 * k) % 900 for k in range(8)],
@@ -276,6 +336,45 @@ def test_killed_replica_loses_and_duplicates_nothing(report):
     # the kill is complete and equal to the reference too, as checked above).
     assert any(report["victim"] in got["replicas"] and got["replicas"][-1] != report["victim"]
                for got in report["fault"]), [got["replicas"] for got in report["fault"]]
+
+
+def test_aborted_sequences_resume_under_their_own_record(report):
+    seen = report["abort"]
+    assert report["abort_client"] == "ChunkedLLMServerClient"  # what verl's manager hands out for rollout_ext
+    for ref, got in zip(report["abort_reference"], seen["outputs"]):
+        _same(got, ref)  # greedy: token for token as an undisturbed run, across the aborts and moves
+        assert len(got["token_ids"]) == CAP and got["stop_reason"] == "completed"
+    # Every sequence running at the first abort resumed (the two waiting ones were never aborted).
+    aborted = [got["aborts"] for got in seen["outputs"]]
+    assert sum(a >= 1 for a in aborted) >= 2 * ABORT_SLOTS, aborted
+    # One record per sequence: one turn each, finished once, its length learned by the policy.
+    assert [c["turns"] for c in seen["conversations"]] == [1] * ABORT_JOBS
+    assert all(c["finished"] for c in seen["conversations"])
+    policy = seen["status"]["policy"]
+    assert policy["finished"] == ABORT_JOBS and policy["predictor"]["finished"] == ABORT_JOBS, policy
+    assert seen["status"]["pauses"] >= 2 and not seen["status"]["paused"]
+
+
+def test_the_router_drains_for_verls_rebalance(report):
+    seen = report["abort"]
+    # After the abort the router sends nothing to the closed replicas: in-flight 0 until the resume.
+    closed = seen["inflight_while_closed"]
+    assert closed[-10:] == [0] * 10, closed
+    assert seen["rebalance_s"] < REBALANCE_TIMEOUT_S, seen["rebalance_s"]
+
+
+def test_control_verls_resuming_client_blinds_the_router(report):
+    seen = report["abort_control"]
+    assert report["abort_control_client"] == "FullyAsyncLLMServerClient"
+    for ref, got in zip(report["abort_reference"], seen["outputs"]):
+        assert got["token_ids"] == ref["token_ids"]  # verl resumes them too
+    # but each abort reads as a finished request (the policy learns its partial length as a whole
+    # one) and each resume as a new turn, and with the gates closed the waiting requests and the
+    # resumes are sent to them, so the count does not drain while the replicas are paused. (Here
+    # verl's rebalance still saw a 0 inside its poll: its resumes wait 1 s before re-acquiring.)
+    assert max(c["turns"] for c in seen["conversations"]) >= 2
+    assert seen["status"]["policy"]["finished"] > ABORT_JOBS
+    assert min(seen["inflight_while_closed"]) > 0, seen["inflight_while_closed"]
 
 
 if __name__ == "__main__":
