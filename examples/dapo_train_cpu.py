@@ -61,6 +61,9 @@ METRICS = (
     "timing_s/update_actor",
     "timing_s/update_weights",
     "timing_s/step",
+    # async modes: a trajectory that spans more than one policy version was aborted and resumed
+    "training/off_policy/trajectory_spans/max",
+    "training/off_policy/trajectory_staleness/max",
 )
 
 
@@ -91,6 +94,7 @@ def train_overrides(args, data_dir: Path, router_yaml: Path) -> list[str]:
                            rollout_n=args.n, trainer_gpus_per_node=args.ranks),
         "trainer.use_v1=True",
         f"trainer.v1.trainer_mode={args.trainer_mode}",
+        f"trainer.v1.colocate_async.num_warmup_batches={args.ahead_batches}",
         "trainer.device=cpu",
         f"trainer.total_training_steps={args.steps}",
         "trainer.total_epochs=100",
@@ -451,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trainer-mode", choices=TRAINER_MODES, default="sync",
                         help="verl's v1 trainer: sync, or colocate_async (one batch sampled ahead; the "
                              "unfinished samples are aborted at each weight sync and resumed after it)")
+    parser.add_argument("--ahead-batches", type=float, default=1,
+                        help="colocate_async: batches sampled ahead of training (verl's num_warmup_batches)")
     parser.add_argument("--ranks", type=int, default=2, help="FSDP2 ranks = hybrid rollout replicas")
     parser.add_argument("--prompts-per-step", type=int, default=4)
     parser.add_argument("--n", type=int, default=4, help="responses per prompt (DAPO group size)")

@@ -101,7 +101,8 @@ class ChunkedLLMServerClient(FullyAsyncLLMServerClient):
                        image_data=None, video_data=None, audio_data=None, mm_processor_kwargs=None,
                        **kwargs: Any) -> TokenOutput:
         chunk = await self.chunk_tokens()
-        multimodal = any(x is not None for x in (image_data, video_data, audio_data, mm_processor_kwargs))
+        # verl's agent loops pass empty containers, and processor kwargs, for text-only prompts.
+        multimodal = any(_present(x) for x in (image_data, video_data, audio_data))
         # A router without `acquire_chunk` (verl's own) needs no lengths: verl's code runs it. Ours
         # learns lengths from releases, so with chunk 0 the loop below runs the request in one piece.
         if multimodal or (chunk <= 0 and self._acquire_chunk is None):
@@ -236,6 +237,10 @@ class _Run:
                  "continuation_boundary_acquire_s": self.acquire_s}
         return TokenOutput(token_ids=self.tokens, log_probs=self.log_probs, routed_experts=self.routed_experts,
                            stop_reason=self.last.stop_reason, num_preempted=self.preempted, extra_fields=extra)
+
+
+def _present(media) -> bool:
+    return media is not None and not (isinstance(media, list | tuple | dict) and not media)
 
 
 def _model_eos_ids(config, tokenizer) -> set[int]:

@@ -113,6 +113,9 @@ def test_two_steps_train_and_sync_weights(trained):
     # Cross-epoch history: verl itself closed the router's epoch after each step.
     assert [steps[i]["router"]["epochs"] for i in (1, 2, 3)] == [1, 2, 3]
     assert steps[2]["router"]["finished"] > steps[1]["router"]["finished"] > 0
+    # Every sequence's length reached the router (the predictor's history), none as a second turn.
+    assert all(steps[i]["router"]["lengths"] == steps[i]["router"]["finished"] for i in (1, 2, 3)), steps
+    assert all(steps[i]["router"]["later_turns"] == 0 for i in (1, 2, 3))
     assert trained["report"]["router_class"] == "rollout_ext.verl.router.TailAwareRouterActor"
     assert trained["report"]["router_policy"] == "tail_aware"
 

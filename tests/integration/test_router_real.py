@@ -114,8 +114,12 @@ def _scenario(model: str) -> dict:
                 "aborts": out.extra_fields.get("continuation_aborts"), "stop_reason": out.stop_reason}
 
     async def run_all(client, jobs, max_tokens=CAP):
+        # As verl's single-turn agent loop calls it for a text prompt: empty media, empty processor kwargs.
+        text_only = {"image_data": None, "video_data": None, "audio_data": None, "mm_processor_output": None,
+                     "mm_processor_kwargs": {}, "priority": 0}
         outs = await asyncio.gather(*(client.generate(j["request_id"], prompt_ids=j["prompt_ids"],
-                                                      sampling_params=_params(j, max_tokens)) for j in jobs))
+                                                      sampling_params=_params(j, max_tokens), **text_only)
+                                      for j in jobs))
         return [dump(o) for o in outs]
 
     report = {"servers": list(servers)}

@@ -36,6 +36,7 @@ def test_revert_all_undoes_both_sides_in_a_real_process():
         import verl.utils.config as vconfig
         import verl.utils.debug as vdebug
         import verl.utils.profiler as vprofiler
+        import verl.experimental.separation.ray_trainer as separation
         from vllm.engine.arg_utils import EngineArgs
         plugin.register()
         sites = {
@@ -45,6 +46,7 @@ def test_revert_all_undoes_both_sides_in_a_real_process():
             # verl's own marked_timer is a contextmanager (it has __wrapped__): compare with its source.
             "marked_timer": lambda: vdebug.marked_timer is not vprofiler.marked_timer,
             "create_engine_config": lambda: hasattr(EngineArgs.create_engine_config, "__wrapped__"),
+            "separate_step": lambda: hasattr(separation.SeparateRayPPOTrainer._fit_collect_metrics, "__wrapped__"),
         }
         before = {k: patched() for k, patched in sites.items()}
         patches.revert_all()

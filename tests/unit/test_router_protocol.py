@@ -122,6 +122,23 @@ def _scenarios(tmp: Path) -> dict:
                                                          sampling_params={"max_tokens": 64})
         out["chunk_tail_aware"] = [placed, chunk]
 
+    def epochs() -> dict:
+        """patches/verl_epoch_end.py's end_epoch on each trainer layout: v1 separate_async (two managers,
+        the standalone one routes), one-step-off (one manager, no `_rollout_server_managers`), the fully
+        async trainer (no router)."""
+        from types import SimpleNamespace
+
+        from rollout_ext.patches.verl_epoch_end import end_epoch
+
+        idle, routing = router("tail_aware", 4), router("tail_aware", 4)
+        ray.get(routing.acquire_server.remote(request_id="e", prompt_ids=[4], sampling_params={"max_tokens": 8}))
+        managers = [SimpleNamespace(global_load_balancer=idle), SimpleNamespace(global_load_balancer=routing)]
+        separate = SimpleNamespace(_rollout_server_managers=lambda: managers)
+        one_step_off = SimpleNamespace(llm_server_manager=managers[1])
+        return {"separate": end_epoch(separate), "one_step_off": end_epoch(one_step_off),
+                "idle_after": ray.get(idle.end_epoch.remote())["epochs"],
+                "no_router": end_epoch(SimpleNamespace())}
+
     async def pause(tell_abort: bool) -> dict:
         """Two replicas of one slot, a third request waiting; verl closes both gates and aborts the two
         running chunks. With `tell_abort` (our client) the router places nothing until the gates reopen;
@@ -163,6 +180,7 @@ def _scenarios(tmp: Path) -> dict:
         return seen
 
     asyncio.run(run())
+    out["epochs"] = epochs()
     out["pause"] = asyncio.run(pause(tell_abort=True))
     out["pause_control"] = asyncio.run(pause(tell_abort=False))
     return out
@@ -234,6 +252,15 @@ def test_removed_replica_hands_back_its_requests(report):
     assert report["orphan_redispatched_to"] == report["servers_left"][0]
     assert "No available servers" in report["empty_pool_error"]
     assert report["added"] == ["s9"]
+
+
+def test_epoch_end_closes_the_router_that_routes_in_each_trainer_layout(report):
+    seen = report["epochs"]
+    # separate_async: both routers closed, the standalone one (it placed the request) reports.
+    assert seen["separate"]["epochs"] == 1 and seen["separate"]["acquires"] == 1
+    assert seen["idle_after"] == 2  # the idle router was closed once by end_epoch, once here
+    assert seen["one_step_off"]["epochs"] == 2 and seen["one_step_off"]["acquires"] == 1
+    assert seen["no_router"] is None
 
 
 def test_an_aborted_release_holds_placement_until_the_replicas_reopen(report):
