@@ -56,6 +56,7 @@ PATCHES: dict[str, Patch] = {
     "verl_chunked_client": Patch("verl", "verl.workers.rollout.llm_server"),
     "verl_epoch_end": Patch("verl", "verl.trainer.ppo.v1.trainer_base"),
     "verl_epoch_end_separate": Patch("verl", "verl.experimental.separation.ray_trainer"),
+    "verl_epoch_end_fully_async": Patch("verl", "verl.experimental.fully_async_policy.fully_async_rollouter"),
     "verl_phase_log": Patch("verl", "verl.utils.debug"),
     # verl side: training on CPU (VERL_PLATFORM=cpu only; see rollout_ext/verl/cpu_platform.py).
     "verl_cpu_process_group": Patch("verl", "verl.utils.distributed"),

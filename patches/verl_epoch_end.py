@@ -3,7 +3,8 @@ Replaces: `verl.trainer.ppo.v1.trainer_base.PPOTrainer.step` (the v1 trainers: s
 separate_async) with a wrapper that, once the step (its rollout, then the update) has run, calls
 `end_epoch()` on the router that routes this trainer's rollout, when the job uses rollout_ext and
 that router has one (TailAwareRouter does). Its numbers go into the step's metrics as
-`rollout_ext/router_*`. One-step-off has its own step site (patches/verl_epoch_end_separate.py).
+`rollout_ext/router_*`. One-step-off and fully async have their own step sites
+(patches/verl_epoch_end_separate.py, patches/verl_epoch_end_fully_async.py).
 Why: the tail-aware policy predicts a prompt's lengths from its earlier epochs, and turns a batch
 into history only in `end_epoch()`; nothing in verl calls it, so without this a real job never
 builds cross-epoch history. separate_async routes through `standalone_server_manager`'s router,
@@ -47,7 +48,7 @@ def end_epoch(trainer) -> dict | None:
     import ray
 
     summaries = ray.get([router.end_epoch.remote() for router in routers(trainer)])
-    return _busiest(summaries)
+    return busiest(summaries)
 
 
 def metrics(summary: dict | None) -> dict:
@@ -58,7 +59,7 @@ def metrics(summary: dict | None) -> dict:
     return {f"rollout_ext/router_{k}": v for k, v in summary.items() if isinstance(v, int | float)}
 
 
-def _busiest(summaries: list[dict]) -> dict | None:
+def busiest(summaries: list[dict]) -> dict | None:
     return max(summaries, key=lambda s: s.get("acquires", 0), default=None)
 
 

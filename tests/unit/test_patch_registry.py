@@ -37,6 +37,7 @@ def test_revert_all_undoes_both_sides_in_a_real_process():
         import verl.utils.debug as vdebug
         import verl.utils.profiler as vprofiler
         import verl.experimental.separation.ray_trainer as separation
+        import verl.experimental.fully_async_policy.fully_async_rollouter as rollouter
         from vllm.engine.arg_utils import EngineArgs
         plugin.register()
         sites = {
@@ -47,6 +48,8 @@ def test_revert_all_undoes_both_sides_in_a_real_process():
             "marked_timer": lambda: vdebug.marked_timer is not vprofiler.marked_timer,
             "create_engine_config": lambda: hasattr(EngineArgs.create_engine_config, "__wrapped__"),
             "separate_step": lambda: hasattr(separation.SeparateRayPPOTrainer._fit_collect_metrics, "__wrapped__"),
+            "fully_async_step": lambda: "rollout_ext" in
+                rollouter.FullyAsyncRollouter.__ray_metadata__.modified_class.reset_staleness.__code__.co_filename,
         }
         before = {k: patched() for k, patched in sites.items()}
         patches.revert_all()

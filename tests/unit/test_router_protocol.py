@@ -135,9 +135,39 @@ def _scenarios(tmp: Path) -> dict:
         managers = [SimpleNamespace(global_load_balancer=idle), SimpleNamespace(global_load_balancer=routing)]
         separate = SimpleNamespace(_rollout_server_managers=lambda: managers)
         one_step_off = SimpleNamespace(llm_server_manager=managers[1])
-        return {"separate": end_epoch(separate), "one_step_off": end_epoch(one_step_off),
+        seen = {"separate": end_epoch(separate), "one_step_off": end_epoch(one_step_off),
                 "idle_after": ray.get(idle.end_epoch.remote())["epochs"],
                 "no_router": end_epoch(SimpleNamespace())}
+        seen["fully_async"] = asyncio.run(fully_async(routing))
+        return seen
+
+    async def fully_async(routing) -> dict:
+        """verl's own FullyAsyncRollouter.reset_staleness, as patched, run on a stand-in holding the state it
+        reads (the rollouter actor itself starts a whole training job)."""
+        import collections
+        import time
+        from types import SimpleNamespace
+
+        from omegaconf import OmegaConf
+        from verl.experimental.fully_async_policy.fully_async_rollouter import FullyAsyncRollouter
+
+        class Queue:
+            async def get_queue_size(self):
+                return 0
+
+        now = time.time()
+        rollouter = SimpleNamespace(
+            config=OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "rollout_ext"}}}),
+            llm_server_manager=SimpleNamespace(global_load_balancer=routing), lock=asyncio.Lock(), paused=True,
+            _resume_event=asyncio.Event(), active_tasks=set(), message_queue_client=Queue(), staleness_samples=0,
+            step_start_time=now - 1, idle_start_time=now - 2, _step_generated_samples=4, _completed_steps=0,
+            _step_samples_history=collections.deque(maxlen=8), _STEP_HISTORY_SIZE=8,
+            _compute_rollout_resource_utilization=lambda: 1.0)
+        method = FullyAsyncRollouter.__ray_metadata__.modified_class.reset_staleness
+        timing = await method(rollouter)
+        return {"patched": method.__code__.co_filename.endswith("verl_epoch_end_fully_async.py"),
+                "epochs": timing.get("rollout_ext/router_epochs"),
+                "verl_keys": "fully_async/rollouter/version_time" in timing, "resumed": not rollouter.paused}
 
     async def pause(tell_abort: bool) -> dict:
         """Two replicas of one slot, a third request waiting; verl closes both gates and aborts the two
@@ -261,6 +291,8 @@ def test_epoch_end_closes_the_router_that_routes_in_each_trainer_layout(report):
     assert seen["idle_after"] == 2  # the idle router was closed once by end_epoch, once here
     assert seen["one_step_off"]["epochs"] == 2 and seen["one_step_off"]["acquires"] == 1
     assert seen["no_router"] is None
+    # fully async: verl's reset_staleness ran (its own keys, the rollouter resumed) and closed the epoch.
+    assert seen["fully_async"] == {"patched": True, "epochs": 3, "verl_keys": True, "resumed": True}
 
 
 def test_an_aborted_release_holds_placement_until_the_replicas_reopen(report):
