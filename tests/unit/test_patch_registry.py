@@ -48,7 +48,7 @@ def test_revert_all_undoes_both_sides_in_a_real_process():
             "marked_timer": lambda: vdebug.marked_timer is not vprofiler.marked_timer,
             "create_engine_config": lambda: hasattr(EngineArgs.create_engine_config, "__wrapped__"),
             "separate_step": lambda: hasattr(separation.SeparateRayPPOTrainer._fit_collect_metrics, "__wrapped__"),
-            "fully_async_step": lambda: "rollout_ext" in
+            "fully_async_step": lambda: "verl_epoch_end_fully_async" in
                 rollouter.FullyAsyncRollouter.__ray_metadata__.modified_class.reset_staleness.__code__.co_filename,
         }
         before = {k: patched() for k, patched in sites.items()}
@@ -63,6 +63,6 @@ def test_revert_all_undoes_both_sides_in_a_real_process():
     import json
 
     result = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))[7:])
-    assert all(result["before"].values()), result  # control: each site was wrapped
+    assert all(result["before"].values()), result["before"]  # control: each site was wrapped
     assert not any(result["after"].values()), result
     assert result["applied"] == []
