@@ -34,10 +34,12 @@ class Patch:
 
 PATCHES: dict[str, Patch] = {
     # vLLM infrastructure: vllm-ascend's own patches first, then the one engine-time check, then the
-    # CPU weight-sync fix (a no-op unless the replica is on CPU and synced from a trainer).
+    # CPU fixes (weight sync: a no-op unless the replica is on CPU and synced from a trainer;
+    # sampling with drafting: CPU only).
     "ascend_import_order": Patch("vllm"),
     "engine_config_check": Patch("vllm"),
     "cpu_weight_reload": Patch("vllm"),
+    "cpu_spec_sampling": Patch("vllm"),
     # vLLM module patches, per stack (see rollout_ext.modules).
     "rope_cache": Patch("vllm"),
     "rope_cache_ascend": Patch("vllm"),
@@ -63,7 +65,7 @@ PATCHES: dict[str, Patch] = {
     "verl_cpu_engines": Patch("verl", "verl.workers.engine.fsdp.transformer_impl"),
 }
 
-INFRASTRUCTURE = ("ascend_import_order", "engine_config_check", "cpu_weight_reload")
+INFRASTRUCTURE = ("ascend_import_order", "engine_config_check", "cpu_weight_reload", "cpu_spec_sampling")
 VERL = tuple(name for name, patch in PATCHES.items() if patch.side == "verl")
 
 _verl_scheduled: list[str] = []

@@ -27,7 +27,8 @@ One policy object is driven the same way by the simulator and by a verl router a
 
 A chunk is one acquire/release pair. A finished request leaves the policy: its id may be submitted
 again, as a later turn of a conversation, with `home` the replica its earlier turn ran on (it holds
-the conversation's prefix). A later turn goes there unless the policy has a measured reason to move it.
+the conversation's prefix). A later turn starts there; like any sequence, it may move at a chunk
+boundary, once the policy has measured it.
 
 State: one `Seq` per live request and one `Replica` per replica (as nano-vllm keeps one `Sequence`);
 nothing outlives its request, so a long job's policy holds what is live and a few counters.

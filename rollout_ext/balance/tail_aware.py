@@ -460,7 +460,9 @@ class TailAwarePolicy(CentralQueuePolicy):
         return self.config.redispatch and seq.moves < self.config.max_moves_per_request
 
     def _continue(self, seq: Seq, home: str) -> str | None:
-        if self._waiting or not self._may_move(seq):
+        # A later turn of a conversation starts where its prefix is cached, as verl's router keeps it:
+        # nothing of this turn is measured yet. Its chunk boundaries may move it like any sequence.
+        if seq.generated == 0 or self._waiting or not self._may_move(seq):
             return home
         options = self._move_options(seq, home)
         if not options:

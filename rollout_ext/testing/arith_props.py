@@ -12,7 +12,7 @@ count) at temperature 1 through real vLLM, plus one greedy response per prompt, 
 - the same for the greedy responses, as a control: their lengths follow the prompt alone.
 
 CLI: python -m rollout_ext.testing.arith_props [--model DIR] [--prompts 64] [--samples 16]
-     [--max-tokens 512] [--json PATH]
+     [--max-tokens 512] [--speculative off|ngram] [--json PATH]
 VLLM_ENABLE_V1_MULTIPROCESSING=0 in its environment saves the engine core's second process (one vLLM
 import, about 10 s on 2 cores).
 """
@@ -111,8 +111,13 @@ def verdict(summary: dict) -> dict[str, bool]:
     }
 
 
+# Drafting methods that need no draft model; ngram drafts from the request's own text.
+SPECULATIVE = {"off": None,
+               "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}}
+
+
 def sample(model: str, problems: list[arith.Problem], samples_per_prompt: int, max_tokens: int,
-           seed: int) -> tuple[list[list[dict]], list[dict]]:
+           seed: int, speculative: str = "off") -> tuple[list[list[dict]], list[dict]]:
     """Runs vLLM in this process: n samples at temperature 1 and one greedy response per prompt.
 
     The engine's seed makes the run repeatable. A per-request seed would not: every prompt would
@@ -121,7 +126,7 @@ def sample(model: str, problems: list[arith.Problem], samples_per_prompt: int, m
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=model, dtype="float32", enforce_eager=True, seed=seed, max_model_len=1024,
-              kv_cache_memory_bytes=KV_CACHE_BYTES)
+              kv_cache_memory_bytes=KV_CACHE_BYTES, speculative_config=SPECULATIVE[speculative])
     prompts = [p.prompt for p in problems]
 
     def score(problem: arith.Problem, completion) -> dict:
@@ -162,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=16, help="responses per prompt at temperature 1")
     parser.add_argument("--max-tokens", type=int, default=arith.MAX_RESPONSE_TOKENS)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--speculative", choices=tuple(SPECULATIVE), default="off",
+                        help="draft tokens while sampling (lossless: the distribution must not change)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--examples", type=int, default=2, help="sample responses to print")
     args = parser.parse_args(argv)
@@ -174,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     problems = held_out_problems(args.prompts)
 
     start_s = time.perf_counter()
-    samples, greedy = sample(str(args.model), problems, args.samples, args.max_tokens, args.seed)
+    samples, greedy = sample(str(args.model), problems, args.samples, args.max_tokens, args.seed, args.speculative)
     elapsed_s = time.perf_counter() - start_s
     summary = summarize(problems, samples, greedy, args.max_tokens)
     checks = verdict(summary)
@@ -194,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({
             "setup": {"model": str(args.model), "prompts": args.prompts, "samples": args.samples,
                       "max_tokens": args.max_tokens, "seed": args.seed, "prompt_seed": PROMPT_SEED,
+                      "speculative": args.speculative,
                       "temperature": 1.0},
             "summary": summary, "checks": checks, "elapsed_s": round(elapsed_s, 1),
             "greedy_summary": greedy_summary, "greedy_checks": verdict(greedy_summary),

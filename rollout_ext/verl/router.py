@@ -18,8 +18,8 @@ The policy (rollout_ext.balance) is plain Python; this actor only translates ver
   one piece it runs where the router's chunk is 0.
 - A request id acquired again after it finished is a new turn of a multi-turn conversation: a new
   policy request under the same id, in its first turn's group, sent back to the replica its last
-  turn ran on (that replica's prefix cache holds the conversation) unless the policy has a measured
-  reason to move it, as verl's own router keeps a conversation on one replica.
+  turn ran on (that replica's prefix cache holds the conversation), as verl's own router keeps a
+  conversation on one replica; like any sequence, it may move at a later chunk boundary.
 - `remove_servers` hands the removed replicas' in-flight requests back to the policy; their
   clients re-acquire them (continuation.py does so when a replica dies mid-chunk).
 - `release_server(..., aborted=True)`: the chunk was aborted because verl paused the replicas (a

@@ -38,6 +38,8 @@ ABORT_JOBS = 6
 ABORT_SLOTS = 2  # per replica: 4 run, 2 wait in the router when the replicas are paused
 ABORT_SLOW_MS = 100.0  # per step on both replicas, so that every sequence is mid-generation at the abort
 REBALANCE_TIMEOUT_S = 5.0
+TOOL_CONVERSATIONS = 6
+TOOL_TURNS = 3
 
 
 def _jobs() -> list[dict]:
@@ -122,6 +124,45 @@ def _scenario(model: str) -> dict:
                                       for j in jobs))
         return [dump(o) for o in outs]
 
+    def tool_conversations(router) -> tuple[list[list[list[str]]], dict | None]:
+        """TOOL_CONVERSATIONS conversations of up to TOOL_TURNS turns; per conversation, per turn, the
+        replicas its chunks ran on; and the router's status (None for PingPong)."""
+        from collections import defaultdict
+
+        from omegaconf import OmegaConf
+        from transformers import AutoTokenizer
+        from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+        from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
+        from verl.utils.dataset.rl_dataset import RLHFDataset
+
+        from rollout_ext.testing import tool_turns
+        from rollout_ext.verl.continuation import ChunkedLLMServerClient
+
+        turns = defaultdict(list)
+
+        class Recording(ChunkedLLMServerClient):
+            async def generate(self, request_id, **kwargs):
+                out = await super().generate(request_id, **kwargs)
+                turns[request_id].append(out.extra_fields["continuation_replicas"])
+                return out
+
+        turn_config = OmegaConf.merge(config, {"actor_rollout_ref": {"rollout": {"multi_turn": {
+            "format": tool_turns.PARSER, "max_assistant_turns": TOOL_TURNS}}}})
+        prompts = [[{"role": "user", "content": f"note {i}"}] for i in range(TOOL_CONVERSATIONS)]
+
+        async def run():
+            # Built inside the loop: an agent loop keeps the event loop it was made in.
+            agent = ToolAgentLoop(trainer_config=DictConfigWrap(turn_config),
+                                  server_manager=Recording(turn_config, router, eos_token_ids=[EOS]),
+                                  tokenizer=AutoTokenizer.from_pretrained(model), processor=None,
+                                  dataset_cls=RLHFDataset, data_config=DictConfigWrap(turn_config.data),
+                                  tools=ToolListWrap([tool_turns.note_tool()]), hf_model_type="qwen2")
+            await asyncio.gather(*(agent.run({"temperature": 0.0, "max_tokens": 6}, raw_prompt=p) for p in prompts))
+
+        asyncio.run(run())
+        status = ray.get(router.get_status.remote()) if hasattr(router, "get_status") else None
+        return list(turns.values()), status
+
     report = {"servers": list(servers)}
     jobs = _jobs()
     reference = LLMServerClient(config, get_router_handle(servers))
@@ -142,6 +183,11 @@ def _scenario(model: str) -> dict:
             if report[f"{name}_status"]["policy"]["finished"] >= len(jobs) or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
+
+    # Multi-turn: verl's ToolAgentLoop, every answer read as a tool call (rollout_ext.testing.tool_turns),
+    # through our client; the control routes the same conversations through PingPong.
+    report["tool_turns"], report["tool_turns_status"] = tool_conversations(make_router(manager, "tail_aware", CHUNK, 16, tmp))
+    report["tool_turns_control"], _ = tool_conversations(ray.remote(PingPong).remote(servers))
 
     # Speeds: the same batch on equal replicas (the control), then with one replica slowed.
     speed_jobs = [{"request_id": f"v{i}", "prompt_ids": [7 + (13 * i + 3 * k) % 900 for k in range(6 + i % 5)],
@@ -301,6 +347,21 @@ def test_the_router_learns_lengths_only_from_clients_that_report_them(report):
         assert got["token_ids"] == ref["token_ids"]
     assert report["plain_status"]["policy"]["predictor"] == {"finished": 0}
     assert report["plain_status"]["policy"]["finished"] == len(_jobs())  # the slots were freed
+
+
+def test_a_tool_conversations_turns_stay_on_its_replica(report):
+    conversations = report["tool_turns"]
+    assert len(conversations) == TOOL_CONVERSATIONS
+    assert all(len(turns) >= 2 for turns in conversations), conversations  # really multi-turn
+    # Each turn starts where the previous one ended: that replica's prefix cache holds the conversation.
+    for turns in conversations:
+        assert all(nxt[0] == prev[-1] for prev, nxt in zip(turns, turns[1:])), turns
+    status = report["tool_turns_status"]
+    assert status["conversations"]["live"] == 0
+    assert status["policy"]["finished"] == sum(len(turns) for turns in conversations)
+    # The control: a router blind to conversations sends later turns elsewhere.
+    control = report["tool_turns_control"]
+    assert any(nxt[0] != prev[-1] for turns in control for prev, nxt in zip(turns, turns[1:])), control
 
 
 def test_the_policy_finds_the_slowed_replica_and_only_it(report):

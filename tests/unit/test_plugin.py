@@ -47,11 +47,12 @@ def test_registry_order_and_selection():
         "ascend_import_order",
         "engine_config_check",
         "cpu_weight_reload",
+        "cpu_spec_sampling",
     ]
     cfg = ExtConfig.from_env({"ROLLOUT_EXT_MC2": "1", "ROLLOUT_EXT_MLP_ONLY_TP": "1"})
     assert patches.selected(cfg) == [
-        "ascend_import_order", "engine_config_check", "cpu_weight_reload", "rope_cache", "mc2_row_parallel",
-        "mlp_only_tp",
+        "ascend_import_order", "engine_config_check", "cpu_weight_reload", "cpu_spec_sampling", "rope_cache",
+        "mc2_row_parallel", "mlp_only_tp",
     ]
     with pytest.raises(KeyError, match="unknown rollout_ext patch 'nope'"):
         patches.load("nope")
@@ -72,7 +73,7 @@ def test_register_is_idempotent_and_logs_once():
     lines = [line for line in proc.stdout.splitlines() if "rollout_ext 0.1.0:" in line]
     assert len(lines) == 1 and "active=[] " in lines[0] and "device=cpu" in lines[0]
     assert "off=[rope_cache,mc2,flashcomm,mlp_only_tp,fav2]" in lines[0]
-    assert "APPLIED ['ascend_import_order', 'engine_config_check']" in proc.stdout
+    assert "APPLIED ['ascend_import_order', 'engine_config_check', 'cpu_spec_sampling']" in proc.stdout
     assert "AFTER [] None" in proc.stdout
 
 
