@@ -85,7 +85,8 @@ def test_ascend_patches_import_first_platform_then_worker(tmp_path):
         # No model patch module was even imported, so none had been applied yet.
         assert set(record["patch_modules"]) <= REGISTRY_MODULES, record
     assert result["imported"] == ["vllm_ascend.patch.platform", "vllm_ascend.patch.worker"]
-    assert result["applied"] == ["ascend_import_order", "engine_config_check"]
+    # cpu_spec_sampling: the stand-in runs on the CPU platform.
+    assert result["applied"] == ["ascend_import_order", "engine_config_check", "cpu_spec_sampling"]
     assert result["states"]["mc2"] == "refused"
     assert {"rollout_ext.patches.engine_config_check", "rollout_ext.patches.mc2_ascend"} <= set(
         result["patch_modules"]
@@ -103,7 +104,7 @@ def test_no_op_without_vllm_ascend():
     result = run_register(None)
     assert result["recorded"] is None
     assert result["imported"] == []
-    assert result["applied"] == ["ascend_import_order", "engine_config_check", "mc2_row_parallel"]
+    assert result["applied"] == ["ascend_import_order", "engine_config_check", "cpu_spec_sampling", "mc2_row_parallel"]
     assert result["states"]["mc2"] == "active"
 
 
@@ -117,4 +118,4 @@ def test_broken_ascend_patch_fails_strict_and_is_skipped_otherwise(tmp_path):
     assert "rollout_ext patch 'ascend_import_order': importing vllm_ascend.patch.worker failed" in proc.stderr
     result = run_register(root, strict=False)
     assert "ascend_import_order" not in result["applied"]
-    assert result["applied"] == ["engine_config_check"]
+    assert result["applied"] == ["engine_config_check", "cpu_spec_sampling"]
