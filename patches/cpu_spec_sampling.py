@@ -20,19 +20,16 @@ result back for non-int64 tensors.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from rollout_ext.patches._base import Swaps, require_signature, require_vllm
 
 NAME = "cpu_spec_sampling"
-logger = logging.getLogger("vllm.rollout_ext")
 _swaps = Swaps(NAME)
 
 
 def expand(output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: torch.Tensor, replace_from,
-           replace_to, MAX_NUM_TOKENS=None) -> None:  # noqa: N803 -- the Triton kernel's argument name
+           replace_to) -> None:
     """The rejection sampler's expand kernel in plain torch: output[t] = value of t's request."""
     values = torch.where(input_val == replace_from, torch.full_like(input_val, replace_to), input_val)
     ends = cu_num_tokens.to(torch.int64)
