@@ -4,7 +4,8 @@ One subprocess (Ray pinned to 127.0.0.1) starts two rollout_ext replicas of the 
 verl's LLMServerManager, once for the module, and runs:
 1. reference: verl's own LLMServerClient + GlobalRequestLoadBalancer, one piece per request;
 2. forced moves: ChunkedLLMServerClient (8-token chunks) behind `PingPong`, a router written here
-   that sends every chunk of a request to the other replica, so each chunk is a move;
+   that sends every chunk of a request to the other replica, so each chunk is a move; then the same
+   requests with a text `stop` string, which must run in one piece;
 3. sticky: the same client behind TailAwareRouter (verl_default policy), which never moves a
    sequence, so its `acquire_chunk` asks for one piece per request;
 4. lengths: TailAwareRouter (tail_aware, chunk 0) behind ChunkedLLMServerClient, which runs each
@@ -40,6 +41,7 @@ ABORT_SLOW_MS = 100.0  # per step on both replicas, so that every sequence is mi
 REBALANCE_TIMEOUT_S = 5.0
 TOOL_CONVERSATIONS = 6
 TOOL_TURNS = 3
+STOP_TEXT = "\x00 no model writes this"
 
 
 def _jobs() -> list[dict]:
@@ -53,7 +55,7 @@ def _jobs() -> list[dict]:
 
 
 def _params(job: dict, max_tokens: int = CAP) -> dict:
-    params = {"temperature": 0.0, "max_tokens": max_tokens, "logprobs": True}
+    params = {"temperature": 0.0, "max_tokens": max_tokens, "logprobs": True, **job.get("params", {})}
     if job["length"] is not None:
         params["extra_args"] = {"eos_at_total": len(job["prompt_ids"]) + job["length"], "eos_id": EOS}
     return params
@@ -168,6 +170,10 @@ def _scenario(model: str) -> dict:
     reference = LLMServerClient(config, get_router_handle(servers))
     report["reference"] = asyncio.run(run_all(reference, jobs))
     report["pingpong"] = asyncio.run(run_all(make_client(config, ray.remote(PingPong).remote(servers)), jobs))
+    # Text stop strings: a string may straddle a chunk boundary, so such a request runs in one piece,
+    # even behind PingPong, which moves every other request at each chunk (the control above).
+    stop_jobs = [{**j, "params": {"stop": [STOP_TEXT]}} for j in jobs]
+    report["pingpong_stop"] = asyncio.run(run_all(make_client(config, ray.remote(PingPong).remote(servers)), stop_jobs))
     sticky = make_router(manager, "verl_default", CHUNK, 16, tmp)
     report["sticky"] = asyncio.run(run_all(make_client(config, sticky), jobs))
 
@@ -332,6 +338,14 @@ def test_a_policy_that_never_moves_runs_each_request_in_one_piece(report):
         _same(got, ref)
         assert got["chunks"] == 1 and len(got["replicas"]) == 1
     # The control: PingPong (no acquire_chunk, the fixed 8-token chunk) did chunk them.
+    assert any(got["chunks"] > 1 for got in report["pingpong"])
+
+
+def test_a_request_with_text_stop_strings_runs_in_one_piece(report):
+    for ref, got in zip(report["reference"], report["pingpong_stop"]):
+        _same(got, ref)  # the string never matches: the same tokens as the reference
+        assert got["chunks"] == 1 and len(got["replicas"]) == 1, got
+    # The control: the same requests without `stop`, behind the same PingPong, were chunked and moved.
     assert any(got["chunks"] > 1 for got in report["pingpong"])
 
 
