@@ -303,7 +303,7 @@ def report(tiny_qwen2, engine_cache_env, tmp_path_factory):
            "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, __file__, str(tiny_qwen2), str(out)], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=420)
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-6000:])
     return json.loads(out.read_text())
 
