@@ -36,17 +36,43 @@ def test_qwen2_decoder_binds_rope_and_mc2_on_ascend_classes(ascend_upstream, tp,
     reports = _report(output, ": ok ")
     assert len(reports) == tp, output[-4000:]
     for report in reports:
-        layers = report["layers"]
+        layers, steps = report["layers"], report["steps"]
+        assert steps >= 2  # a rope that gathers once, at the first step, would pass one
         # Unpatched, vllm-ascend's rope gathers inside torch_npu.npu_mrope in every layer.
-        assert report["unpatched_calls"] == {"npu_mrope": layers}
-        # Bound: one gather per step (the runner's update_cos_sin), the fused rotary per layer.
-        assert report["rope"]["step_gathers"] == 1 and report["rope"]["layer_gathers"] == 0
-        assert report["patched_calls"].get("npu_apply_rotary_pos_emb") == layers
+        assert report["unpatched_calls"] == {"npu_mrope": steps * layers}
+        # Bound: one gather per step (the runner's update_cos_sin; the scenario checks the rows it
+        # wrote), the fused rotary per layer.
+        assert report["rope"]["step_gathers"] == steps and report["rope"]["layer_gathers"] == 0
+        assert report["patched_calls"].get("npu_apply_rotary_pos_emb") == steps * layers
         assert "npu_mrope" not in report["patched_calls"]
-        # mc2: MC2 for o_proj and down_proj at prefill size, only where the op applies (TP>1, bf16).
-        fused = 2 * layers if (tp > 1 and dtype == "bfloat16") else 0
-        assert report["patched_calls"].get("npu_mm_all_reduce_base", 0) == fused
-        assert report["mc2"] == {"calls": 4 * layers if tp > 1 else 0, "fused": fused}
+        # mc2: MC2 for exactly the prefill-size calls of o_proj, down_proj and the biased layer,
+        # only where the op applies (TP>1, bf16).
+        fuses = tp > 1 and dtype == "bfloat16"
+        log = report["mc2_log"]
+        assert len(log) == steps * (4 * layers + 2) and {c["tokens"] for c in log} == {40, 3}
+        assert all(c["ops"] == (["npu_mm_all_reduce_base"] if fuses and c["tokens"] == 40 else []) for c in log)
+        fused = sum(fuses and c["tokens"] == 40 for c in log)
+        assert report["mc2"] == {"calls": len(log) if tp > 1 else 0, "fused": fused}
+
+
+# A wrong module, injected by the scenario after the plugin binds: each must fail, for its reason.
+MUTATIONS = {
+    # update_cos_sin that records and counts the step but never gathers (vllm-ascend's buffers wiped)
+    "rope_never_gathers": ((1, "float32"), "cos/sin buffers do not hold this step's rows"),
+    # the MC2 threshold inverted: only decode-size calls fuse
+    "mc2_decode_only": ((2, "bfloat16"), "fused calls: {'layer': 0, 'proj': 'o_proj', 'tokens': 40"),
+    # the fused kernel given the bias on every rank: the reduction sums it tp times
+    "mc2_bias_every_rank": ((2, "bfloat16"), "(biased layer -1 tokens 40)"),
+}
+
+
+@pytest.mark.parametrize("mutation", sorted(MUTATIONS))
+def test_the_lane_fails_a_wrong_module(ascend_upstream, mutation):
+    # The unmutated control at the same TP and dtype passes: test_qwen2_decoder_binds_rope_and_mc2_on_ascend_classes.
+    (tp, dtype), reason = MUTATIONS[mutation]
+    with pytest.raises(AssertionError) as failed:
+        run_scenario("qwen2_modules.py", str(free_port()), str(tp), dtype, mutation)
+    assert "failed (rc=1)" in str(failed.value) and reason in str(failed.value), str(failed.value)[-3000:]
 
 
 def _delete_method(path, class_name: str, method: str) -> None:
