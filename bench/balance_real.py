@@ -7,13 +7,20 @@ sends every sample of the synthetic batch at once, in `--chunk-tokens` chunks. T
 wall time from the first request to the last finished one. All policies run on the same replicas
 and the same workload, one after another.
 
-True lengths: rollout_ext.balance.workload draws them (long-tailed, group-correlated, then clipped
-to [--min-len, --cap]). The random-weight model would almost never stop by itself, so each request
-carries `extra_args.eos_at_total = prompt + length` and a test-only vLLM logits processor
-(rollout_ext.testing.forced_length) emits EOS exactly there. The router never sees it: the chunked
-client sends the router only the prompt tokens and the cap, and the policy gets a Request (prompt
-length, cap, group hash). Each policy first rolls out a warm-up epoch (epoch -1 of the same prompts,
-a drifted prompt effect) so the length predictor has per-prompt history, as in a training run.
+Workloads (`--workload`):
+- `arith` (default): natural lengths. The trained arithmetic model (rollout_ext.testing.arith_model,
+  built by `make setup`) answers held-out problems with 1 to 8 operands (rollout_ext.testing.arith_props),
+  sampled at temperature 1, so lengths follow the prompt, vary between siblings, and some samples
+  ramble to the cap, as a policy's do. Every request has its own sampling seed, derived from
+  (--seed, epoch, prompt, sample), so every policy and repeat decodes the same batch.
+- `forced`: rollout_ext.balance.workload draws true lengths (long-tailed, group-correlated, then
+  clipped to [--min-len, --cap]) for the random-weight tiny model, which would almost never stop by
+  itself; each request carries `extra_args.eos_at_total = prompt + length` and a test-only vLLM
+  logits processor (rollout_ext.testing.forced_length) emits EOS exactly there.
+Either way the router never sees a length: the chunked client sends it only the prompt tokens and
+the cap, and the policy gets a Request (prompt length, cap, group hash). Each policy first rolls out
+warm-up epochs of the same prompts (new samples; for `forced`, a drifted prompt effect) so the
+length predictor has per-prompt history, as in a training run.
 
 Run it through the environment Ray needs to stay on 127.0.0.1:
     RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 .venv/bin/python bench/balance_real.py --json out.json
@@ -41,12 +48,20 @@ if str(REPO) not in sys.path:
 from rollout_ext.balance.workload import WorkloadConfig, make_workload  # noqa: E402
 
 FIRST_PROMPT_TOKEN = 3  # ids 0..2 are bos/eos/pad in the tiny model
+WORKLOAD_MODELS = {"arith": REPO / ".cache" / "models" / "arith-qwen2",
+                   "forced": REPO / ".cache" / "models" / "tiny-qwen2"}
+ARITH_OPERAND_COUNTS = 8
+LENGTH_CONTROL = {"arith": "the model's own EOS, temperature 1, a seed per sample",
+                  "forced": "vLLM logits processor rollout_ext.testing.forced_length (EOS at prompt+length)"}
+ARITH_PROMPT_SEED = 3_000_017  # held out from the model's training and from arith_props' prompts
 NOISE_ROW = "verl_default_unchunked"  # runs verl_default's policy again: its spread is the noise
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default=str(REPO / ".cache" / "models" / "tiny-qwen2"))
+    p.add_argument("--workload", choices=tuple(WORKLOAD_MODELS), default="arith",
+                   help="arith: the trained model's natural lengths; forced: drawn lengths, EOS forced")
+    p.add_argument("--model", default=None, help="default: .cache/models/arith-qwen2 (arith), tiny-qwen2 (forced)")
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--policies", default="verl_default,tail_aware")
     p.add_argument("--prompts", type=int, default=16)
@@ -72,6 +87,10 @@ def parse_args(argv=None):
                    help="draw --plot from an earlier run's --json instead of running (no engines start)")
     a = p.parse_args(argv)
     a.policy_list = [x.strip() for x in a.policies.split(",") if x.strip()]
+    a.model = a.model or str(WORKLOAD_MODELS[a.workload])
+    if a.workload == "arith" and a.prompts < ARITH_OPERAND_COUNTS:
+        p.error(f"--prompts={a.prompts} with --workload arith; allowed: at least {ARITH_OPERAND_COUNTS} "
+                "(one per operand count)")
     if a.replicas < 1 or a.chunk_tokens < 1 or not 1 <= a.min_len < a.cap:
         p.error("--replicas >= 1, --chunk-tokens >= 1, 1 <= --min-len < --cap required")
     if a.replot and not a.plot:
@@ -83,7 +102,10 @@ def parse_args(argv=None):
 
 # ---- workload -------------------------------------------------------------------------------------
 def make_jobs(a, epoch: int) -> list[dict]:
-    """One job per sample: prompt ids (same ids for the same prompt in every epoch) and true length."""
+    """One job per sample: prompt ids (same ids for the same prompt in every epoch) and, for
+    `forced`, the true length; for `arith`, the sample's seed (the length is the model's)."""
+    if a.workload == "arith":
+        return arith_jobs(a, epoch)
     cfg = WorkloadConfig(prompts=a.prompts, samples=a.samples, mean_tokens=a.mean_len, cap_tokens=a.cap,
                          mean_prompt_tokens=a.prompt_tokens, seed=a.seed)
     w = make_workload(cfg, epoch=epoch)
@@ -98,6 +120,26 @@ def make_jobs(a, epoch: int) -> list[dict]:
     return jobs
 
 
+def arith_jobs(a, epoch: int) -> list[dict]:
+    from rollout_ext.testing.arith_props import held_out_problems
+
+    tokenizer = _tokenizer(a.model)
+    jobs = []
+    for p, problem in enumerate(held_out_problems(a.prompts, seed=ARITH_PROMPT_SEED + a.seed)):
+        ids = tokenizer.encode(problem.prompt, add_special_tokens=False)
+        for k in range(a.samples):
+            seed = int(np.random.SeedSequence([a.seed, epoch + 1_000, p, k]).generate_state(1)[0])
+            jobs.append({"request_id": f"e{epoch}-p{p}-s{k}-{a.seed}", "prompt_ids": ids, "length": None,
+                         "seed": seed, "operands": problem.num_operands})
+    return jobs
+
+
+def _tokenizer(model: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model)
+
+
 # ---- replicas, router, client ---------------------------------------------------------------------
 def start_replicas(a, slow_dir: Path | None = None):
     """verl's LLMServerManager with rollout_ext replicas of the tiny model (Ray on 127.0.0.1). With
@@ -107,11 +149,12 @@ def start_replicas(a, slow_dir: Path | None = None):
 
     prompt_len = 4 * a.prompt_tokens
     overrides = rollout_overrides(a.model, replicas=a.replicas, prompt_length=prompt_len, response_length=a.cap)
-    processors = [forced_length.FQCN] + ([slow_steps.FQCN] if slow_dir else [])
+    processors = ([forced_length.FQCN] if a.workload == "forced" else []) + ([slow_steps.FQCN] if slow_dir else [])
     overrides = [o for o in overrides if "max_num_seqs" not in o] + [
         f"actor_rollout_ref.rollout.max_num_seqs={a.max_num_seqs}",
-        f"+actor_rollout_ref.rollout.engine_kwargs.rollout_ext.logits_processors=[{','.join(processors)}]",
     ]
+    if processors:
+        overrides.append(f"+actor_rollout_ref.rollout.engine_kwargs.rollout_ext.logits_processors=[{','.join(processors)}]")
     if slow_dir:
         overrides.append("+actor_rollout_ref.rollout.engine_kwargs.rollout_ext.additional_config="
                          f"{{{slow_steps.CONFIG_KEY}:'{slow_dir}'}}")
@@ -158,6 +201,8 @@ def make_client(config, router, eos_id: int = 1):
 
 
 def sampling_params(job: dict, cap: int, eos_id: int = 1) -> dict:
+    if job["length"] is None:  # arith: the model decides, from this sample's own random stream
+        return {"temperature": 1.0, "seed": job["seed"], "max_tokens": cap, "logprobs": True}
     return {"temperature": 0.0, "max_tokens": cap, "logprobs": True,
             "extra_args": {"eos_at_total": len(job["prompt_ids"]) + job["length"], "eos_id": eos_id}}
 
@@ -188,7 +233,9 @@ def run_real(a) -> dict:
     try:
         slow_replica = slow_one_replica(manager, slow_dir, a.slow_ms) if slow_dir else None
         measured = make_jobs(a, epoch=0)
-        longest = max(measured, key=lambda j: j["length"])
+        # forced: the drawn lengths. arith: the first measured run's, which every later run must repeat
+        # (the same seeds), so that every policy decodes the same batch.
+        expected = [j["length"] for j in measured] if a.workload == "forced" else None
 
         # Warm the engines (first steps compile and allocate) so the first policy is not penalised.
         asyncio.run(rollout(make_client(config, make_router(manager, "verl_default", a.chunk_tokens,
@@ -207,6 +254,10 @@ def run_real(a) -> dict:
             status = ray.get(router.get_status.remote())
             ray.kill(router)
             outs = run["outputs"]
+            nonlocal expected
+            if expected is None:
+                expected = [len(o.token_ids) for o in outs]
+            longest = max(zip(measured, expected), key=lambda pair: pair[1])[0]
             return {
                 "policy": name, "makespan_s": run["makespan_s"],
                 "longest_finish_s": run["finish_s"][longest["request_id"]], "moves": status["policy"]["moves"],
@@ -219,7 +270,7 @@ def run_real(a) -> dict:
                 "replica_slowdown": status["policy"].get("replica_slowdown"),  # each replica's, beside the others
                 "replica_speed_evidence": status["policy"].get("replica_speed_evidence"),  # what it rests on
                 "router_cpu_s": round(status["router_cpu_s"] - cpu0_s, 3),  # the measured batch only
-                "wrong_lengths": sum(len(o.token_ids) != j["length"] for j, o in zip(measured, outs)),
+                "wrong_lengths": sum(len(o.token_ids) != n for n, o in zip(expected, outs)),
                 "predictor": status["policy"].get("predictor"),
             }
 
@@ -255,7 +306,7 @@ def run_real(a) -> dict:
             })
     finally:
         ray.shutdown()
-    lengths = [j["length"] for j in measured]
+    lengths = expected
     by = {r["policy"]: r for r in results}
     base = by.get("verl_default")
     for r in results:
@@ -263,15 +314,17 @@ def run_real(a) -> dict:
         r.update(paired_ratios(r["makespan_runs_s"], base["makespan_runs_s"]) if base else {})
     return {
         "setup": {
-            "model": a.model, "replicas": a.replicas, "prompts": a.prompts, "samples": a.samples,
-            "lengths": {"min": min(lengths), "max": max(lengths), "mean": round(float(np.mean(lengths)), 1),
-                        "sum": int(sum(lengths))},
+            "workload": a.workload, "model": a.model, "replicas": a.replicas, "prompts": a.prompts,
+            "samples": a.samples,
+            "lengths": {"min": min(lengths), "p50": float(np.percentile(lengths, 50)),
+                        "p90": float(np.percentile(lengths, 90)), "max": max(lengths),
+                        "mean": round(float(np.mean(lengths)), 1), "sum": int(sum(lengths)),
+                        "at_cap": sum(n >= a.cap for n in lengths)},
             "cap": a.cap, "chunk_tokens": a.chunk_tokens, "max_num_seqs": a.max_num_seqs,
             "warm_epochs": a.warm_epochs, "repeats": a.repeats, "seed": a.seed,
             # added to every decode step of one replica (0: all equal)
             "slow_replica": {"address": slow_replica, "step_ms": a.slow_ms} if slow_dir else None,
-            "length_control": "vLLM logits processor rollout_ext.testing.forced_length (EOS at prompt+length); "
-                              "the router sees only prompt ids and the cap",
+            "length_control": LENGTH_CONTROL[a.workload] + "; the router sees only prompt ids and the cap",
             "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine(),
                         "cpus": _cpus()},
         },

@@ -17,12 +17,34 @@ def test_defaults_fit_the_two_core_machine():
     a = parse_args([])
     assert (a.replicas, a.prompts, a.samples, a.min_len, a.cap, a.chunk_tokens) == (2, 16, 4, 16, 512, 64)
     assert a.policy_list == ["verl_default", "tail_aware"]
+    assert a.workload == "arith" and a.model.endswith("arith-qwen2")  # natural lengths by default
+    assert parse_args(["--workload", "forced"]).model.endswith("tiny-qwen2")
     with pytest.raises(SystemExit):
         parse_args(["--min-len", "600"])
 
 
+def test_arith_jobs_sample_real_prompts_with_a_seed_each_and_no_length(arith_model, capsys):
+    a = parse_args(["--prompts", "8", "--samples", "3", "--model", str(arith_model)])
+    now, before = make_jobs(a, 0), make_jobs(a, -1)
+    assert len(now) == 24 and len({j["request_id"] for j in now + before}) == 48
+    assert len({j["seed"] for j in now + before}) == 48  # every sample its own random stream
+    assert make_jobs(a, 0) == now  # and the same stream in every run: each policy decodes the same batch
+    assert sorted({j["operands"] for j in now}) == list(range(1, 9))  # every operand count
+    for p in range(8):
+        group = now[3 * p: 3 * p + 3]
+        assert all(j["prompt_ids"] == group[0]["prompt_ids"] for j in group)
+        assert before[3 * p]["prompt_ids"] == group[0]["prompt_ids"]  # same prompt next epoch
+    params = sampling_params(now[0], a.cap)
+    assert params == {"temperature": 1.0, "seed": now[0]["seed"], "max_tokens": a.cap, "logprobs": True}
+    # The control: a forced job carries its length to the engine.
+    assert "extra_args" in sampling_params(make_jobs(parse_args(["--workload", "forced"]), 0)[0], a.cap)
+    with pytest.raises(SystemExit):
+        parse_args(["--prompts", "7"])  # fewer prompts than operand counts
+    assert "--prompts=7 with --workload arith" in capsys.readouterr().err
+
+
 def test_jobs_are_group_correlated_and_stable_across_epochs():
-    a = parse_args(["--prompts", "6", "--samples", "3"])
+    a = parse_args(["--workload", "forced", "--prompts", "6", "--samples", "3"])
     now, before = make_jobs(a, 0), make_jobs(a, -1)
     assert len(now) == 18 and len({j["request_id"] for j in now + before}) == 36
     assert all(a.min_len <= j["length"] <= a.cap for j in now)
@@ -34,7 +56,7 @@ def test_jobs_are_group_correlated_and_stable_across_epochs():
 
 
 def test_true_length_travels_only_in_extra_args():
-    a = parse_args([])
+    a = parse_args(["--workload", "forced"])
     job = make_jobs(a, 0)[0]
     params = sampling_params(job, a.cap)
     assert params["max_tokens"] == a.cap
