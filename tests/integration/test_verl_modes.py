@@ -60,6 +60,8 @@ def test_the_router_sees_every_length_and_resumes_aborted_sequences_in_place(col
     for r in routers:
         assert r["finished"] > 0 and r["lengths"] == r["finished"], r
         assert r["later_turns"] == 0, r  # a resume is never read as a new request
+        # Chunks: at least one per finished sequence; 8-token chunks make many take more.
+        assert r["acquires"] > r["finished"], r
     # Samples were still running at a weight sync: aborted, then resumed in place (the counts are
     # cumulative over the run).
     assert routers[-1]["aborts"] > 0, routers
