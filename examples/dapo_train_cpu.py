@@ -102,6 +102,8 @@ def train_overrides(args, data_dir: Path, router_yaml: Path) -> list[str]:
         f"{rollout}.seed={args.seed}",
         *validation_overrides(args),
         "trainer.save_freq=-1",
+        # Every step's responses as verl dumps them (`python -m rollout_ext spec-estimate` reads them).
+        f"trainer.rollout_data_dir={args.workdir / 'rollouts'}",
         "trainer.logger=[console,file]",
         "trainer.project_name=rollout_ext",
         "trainer.experiment_name=dapo_tiny_cpu",
@@ -415,6 +417,7 @@ def build_report(args, cmd: list[str], router: dict, steps: list[dict], watch: W
     return {
         "plugin_lines": sorted(watch.plugin_lines),
         "rollout_traces": traces,
+        "rollout_dump": str(args.workdir / "rollouts"),
         "command": " ".join(cmd),
         "task": args.task,
         "model": str(args.model),

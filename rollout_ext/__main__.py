@@ -150,9 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", required=True, help=f"one of: {', '.join(PRESETS)}")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override or add a variable")
     p.set_defaults(func=env)
-    from rollout_ext.check import add_parser
+    from rollout_ext import check, spec_estimate
 
-    add_parser(sub)
+    check.add_parser(sub)
+    spec_estimate.add_parser(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 
