@@ -65,3 +65,25 @@ def test_the_router_sees_every_length_and_resumes_aborted_sequences_in_place(col
     # Samples were still running at a weight sync: aborted, then resumed in place (the counts are
     # cumulative over the run).
     assert routers[-1]["aborts"] > 0, routers
+
+
+def test_spec_estimate_reads_the_runs_rollout_dump(colocate_async, repo_root, tmp_path):
+    """`python -m rollout_ext spec-estimate` on the dump verl wrote (trainer.rollout_data_dir): the
+    trained model's responses, tokenized with its own tokenizer."""
+    import subprocess
+
+    dump = Path(colocate_async["rollout_dump"])
+    assert sorted(p.name for p in dump.glob("*.jsonl")) == ["1.jsonl", "2.jsonl", "3.jsonl"]
+    out = tmp_path / "spec.json"
+    done = subprocess.run([sys.executable, "-m", "rollout_ext", "spec-estimate", str(dump), "--tokenizer",
+                           colocate_async["model"], "--json", str(out)], capture_output=True, text=True,
+                          timeout=300, cwd=repo_root, env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "own+siblings+epochs" in done.stdout and "tokens per pass" in done.stdout
+    result = json.loads(out.read_text())
+    assert result["steps"] == [1, 2, 3] and result["responses"] == 3 * 4 * 4  # steps x prompts x n
+    for row in result["rows"]:
+        assert row["all_tokens_per_pass"] >= 1.0 and 0 < row["makespan_ratio_tail_drafting"] <= 1.0, row
+    # Siblings and the same prompt's earlier responses are the draft source: they must add to own text.
+    best = {(r["budget"], r["sources"]): r["all_tokens_per_pass"] for r in result["rows"]}
+    assert best[(8, "own+siblings+epochs")] > best[(8, "own")], best
