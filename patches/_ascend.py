@@ -46,3 +46,49 @@ def require_own(patch: str, cls: type, attr: str) -> None:
             f"rollout_ext patch {patch!r}: {ascend_label()}: {cls.__qualname__} no longer defines {attr} "
             f"itself (missing hook); this binding needs updating"
         )
+
+
+def _calls(func) -> list:
+    """Every call expression in `func`'s source (comments and strings are not calls)."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
+
+
+def require_call(patch: str, func, callee: str, why: str) -> None:
+    """`func` must call `callee` (by that name, or as an attribute of that name)."""
+    import ast
+
+    for call in _calls(func):
+        target = call.func
+        if (isinstance(target, ast.Name) and target.id == callee) or (
+                isinstance(target, ast.Attribute) and target.attr == callee):
+            return
+    raise PatchError(f"rollout_ext patch {patch!r}: {ascend_label()}: {func.__qualname__} no longer calls "
+                     f"{callee} ({why}) (missing hook); this binding needs updating")
+
+
+# vllm-ascend's linear classes that a dense model builds; flashcomm and mlp_only_tp wrap vLLM's
+# forward, which these reach through `super().forward(input_)` when they have no custom op.
+ASCEND_LINEARS = ("AscendRowParallelLinear", "AscendMergedColumnParallelLinear", "AscendQKVParallelLinear")
+
+
+def require_super_forward(patch: str) -> None:
+    """On vllm-ascend, each of ASCEND_LINEARS must run vLLM's forward: its own forward falls back to
+    it, or it has none of its own."""
+    import ast
+
+    for name in ASCEND_LINEARS:
+        cls = require_hook(patch, "vllm_ascend.ops.linear", name)
+        if "forward" not in cls.__dict__:
+            continue
+        forward = cls.__dict__["forward"]
+        if not any(isinstance(c.func, ast.Attribute) and c.func.attr == "forward"
+                   and isinstance(c.func.value, ast.Call) and isinstance(c.func.value.func, ast.Name)
+                   and c.func.value.func.id == "super" for c in _calls(forward)):
+            raise PatchError(f"rollout_ext patch {patch!r}: {ascend_label()}: {name}.forward no longer falls back "
+                             f"to super().forward (vLLM's, which this module wraps) (missing hook); this "
+                             f"binding needs updating")

@@ -185,6 +185,17 @@ def _attention_targets() -> list[tuple[object, type]]:
     return targets
 
 
+def check_ascend_linears() -> None:
+    """On vllm-ascend the model's linears are its Ascend classes; this module reaches them only
+    through their fallback to vLLM's forward."""
+    from rollout_ext.platform import stack
+
+    if stack() != "vllm":
+        from rollout_ext.patches._ascend import require_super_forward
+
+        require_super_forward(NAME)
+
+
 def apply(cfg) -> None:
     if _swaps.applied:
         return
@@ -192,6 +203,7 @@ def apply(cfg) -> None:
     from vllm.config import ModelConfig
 
     targets = _attention_targets()
+    check_ascend_linears()
     require_signature(NAME, ModelConfig.get_num_attention_heads, ["parallel_config"])
     require_signature(NAME, ModelConfig.get_num_kv_heads, ["parallel_config"])
     for module, attention in targets:

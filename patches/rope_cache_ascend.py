@@ -37,12 +37,11 @@ from __future__ import annotations
 
 import functools
 import importlib
-import inspect
 
 import torch
 
 from rollout_ext.patches import rope_cache
-from rollout_ext.patches._ascend import ascend_label, require_hook, require_own, require_params
+from rollout_ext.patches._ascend import ascend_label, require_call, require_hook, require_own, require_params
 from rollout_ext.patches._base import PatchError, Swaps, require_vllm
 from rollout_ext.patches._compile_key import add_compile_key
 
@@ -154,15 +153,13 @@ def check_upstream():
         if buffer not in vars(rope_module):
             raise PatchError(f"rollout_ext patch {NAME!r}: {ascend_label()}: {ROPE_MODULE} has no per-step buffer {buffer} "
                              f"(missing hook); the upstream code moved and this binding needs updating")
-    runner_cls = require_hook(NAME, RUNNER_MODULE, "NPUModelRunner")
+    require_hook(NAME, RUNNER_MODULE, "NPUModelRunner")
     runner_module = importlib.import_module(RUNNER_MODULE)
     if getattr(runner_module, "update_cos_sin", None) is not update:
         raise PatchError(f"rollout_ext patch {NAME!r}: {ascend_label()}: {RUNNER_MODULE} no longer calls {ROPE_MODULE}.update_cos_sin "
                          f"by that name (missing hook); this binding needs updating")
     execute = require_hook(NAME, RUNNER_MODULE, "NPUModelRunner.execute_model")
-    if "update_cos_sin(" not in inspect.getsource(execute):
-        raise PatchError(f"rollout_ext patch {NAME!r}: {ascend_label()}: {runner_cls.__qualname__}.execute_model no longer calls "
-                         f"update_cos_sin once per step (missing hook); this binding needs updating")
+    require_call(NAME, execute, "update_cos_sin", "once per step")
     return rope_cls, rope_module, runner_module
 
 

@@ -86,16 +86,21 @@ def _delete_method(path, class_name: str, method: str) -> None:
     path.write_text("".join(lines))
 
 
-def _drop_call(path, class_name: str, method: str, call: str) -> None:
+def _replace_in_method(path, class_name: str, method: str, old: str, new: str) -> None:
     source = path.read_text()
     tree = ast.parse(source)
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name)
     func = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == method)
     lines = source.splitlines(keepends=True)
     body = "".join(lines[func.lineno - 1:func.end_lineno])
-    assert call in body
-    lines[func.lineno - 1:func.end_lineno] = [body.replace(call, "pass  # " + call.replace("(", "["))]
+    assert old in body
+    lines[func.lineno - 1:func.end_lineno] = [body.replace(old, new)]
     path.write_text("".join(lines))
+
+
+def _drop_call(path, class_name: str, method: str, call: str) -> None:
+    """Comment the call out: its text stays in the source, so only a guard that reads calls trips."""
+    _replace_in_method(path, class_name, method, call, "pass  # " + call)
 
 
 MOVES = {
@@ -114,6 +119,12 @@ MOVES = {
         lambda p: _delete_method(p, "AscendRowParallelLinear", "forward"),
         "AscendRowParallelLinear no longer defines forward",
     ),
+    "row-parallel forward stops falling back to vLLM's": (
+        ("flashcomm", "mlp_only_tp"), "ops/linear.py",
+        lambda p: _replace_in_method(p, "AscendRowParallelLinear", "forward", "return super().forward(input_)",
+                                     "return self.quant_method.apply(self, input_)"),
+        "AscendRowParallelLinear.forward no longer falls back to super().forward",
+    ),
 }
 
 
@@ -124,19 +135,22 @@ def _guards(upstream) -> dict:
 
 
 def test_guards_pass_on_the_real_source(ascend_upstream):
-    assert _guards(ascend_upstream) == {"rope_cache_ascend": None, "mc2_ascend": None}
+    assert _guards(ascend_upstream) == {"rope_cache_ascend": None, "mc2_ascend": None, "flashcomm": None,
+                                        "mlp_only_tp": None}
 
 
 @pytest.mark.parametrize("move", sorted(MOVES))
 def test_guard_trips_when_a_hooked_method_moves(ascend_upstream, tmp_path, move):
-    patch, relative, edit, expected = MOVES[move]
+    patches, relative, edit, expected = MOVES[move]
+    patches = (patches,) if isinstance(patches, str) else patches
     copy = tmp_path / "upstream"
     shutil.copytree(ascend_upstream / "vllm_ascend", copy / "vllm_ascend")
     edit(copy / "vllm_ascend" / relative)
     results = _guards(copy)
-    assert expected in results[patch] and ASCEND_VERSION in results[patch] and "missing hook" in results[patch]
-    # The other binding's hooks are untouched: its guard still passes on the same copy.
-    assert all(error is None for name, error in results.items() if name != patch), results
+    for patch in patches:
+        assert expected in results[patch] and ASCEND_VERSION in results[patch] and "missing hook" in results[patch]
+    # The other bindings' hooks are untouched: their guards still pass on the same copy.
+    assert all(error is None for name, error in results.items() if name not in patches), results
 
 
 def test_strict_refusal_stops_the_engine_start(ascend_upstream, tiny_qwen2):

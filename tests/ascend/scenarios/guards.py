@@ -1,6 +1,8 @@
 """The vllm-ascend bindings' guards against one vllm-ascend source tree. Run: guards.py UPSTREAM.
 
-Imports vllm-ascend from UPSTREAM under the lane and runs each binding's `check_upstream()`.
+Imports vllm-ascend from UPSTREAM under the lane and runs each binding's guard: `check_upstream()`
+for the Ascend bindings, `check_ascend_linears()` for the modules that reach vllm-ascend's linears
+through vLLM's forward.
 Prints one JSON line: binding patch name -> null when its guard passes, or the PatchError message.
 """
 
@@ -15,10 +17,12 @@ lane.enter(sys.argv[1])
 
 from rollout_ext.patches import PatchError, load  # noqa: E402
 
+GUARDS = {"rope_cache_ascend": "check_upstream", "mc2_ascend": "check_upstream",
+          "flashcomm": "check_ascend_linears", "mlp_only_tp": "check_ascend_linears"}
 results = {}
-for name in ("rope_cache_ascend", "mc2_ascend"):
+for name, guard in GUARDS.items():
     try:
-        load(name).check_upstream()
+        getattr(load(name), guard)()
         results[name] = None
     except PatchError as e:
         results[name] = str(e)
