@@ -7,7 +7,8 @@ On every rank:
    AscendRowParallelLinear with a bias (Qwen2's row-parallel layers have none).
 2. Unpatched, two steps as NPUModelRunner runs them, each at its own positions:
    `update_cos_sin(positions)` by the name the runner calls, then every layer's rope (vllm-ascend:
-   torch_npu.npu_mrope per layer, the per-layer gather) and every layer's o_proj and down_proj at
+   torch_npu.npu_mrope per layer, the per-layer gather; q and k are strided views into one qkv
+   tensor, as Qwen2Attention.forward splits them) and every layer's o_proj and down_proj at
    prefill size and at decode size, then the biased layer at both sizes.
 3. The plugin binds the modules (stack detection must say ascend-main), vllm-ascend's per-step
    cos/sin buffers are wiped (NaN, as a new engine has nothing gathered), a second model is built
@@ -84,9 +85,12 @@ def run_steps(model, biased, runner_module, gen, dtype):
                         rotary_embedding._sin[:, :PREFILL_TOKENS].clone()))
         for index, layer in enumerate(model.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            q = torch.randn(PREFILL_TOKENS, attn.q_size, generator=gen).to(dtype)
-            k = torch.randn(PREFILL_TOKENS, attn.kv_size, generator=gen).to(dtype)
-            outputs += [(f"rope layer {index}", out) for out in attn.rotary_emb(positions, q, k)]
+            # As Qwen2Attention.forward hands them over: strided views into one qkv projection.
+            qkv = torch.randn(PREFILL_TOKENS, attn.q_size + 2 * attn.kv_size, generator=gen).to(dtype)
+            q, k, _ = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+            assert not q.is_contiguous() and not k.is_contiguous()
+            outputs += [(f"rope layer {index}", out.clone()) for out in attn.rotary_emb(positions, q, k)]
+            outputs.append((f"qkv after rope, layer {index}", qkv))  # what an in-place rope left behind
             for tokens in (PREFILL_TOKENS, DECODE_TOKENS):
                 row_parallel(index, "o_proj", attn.o_proj, tokens)
                 row_parallel(index, "down_proj", mlp.down_proj, tokens)
