@@ -34,8 +34,10 @@ simulator's step model is the finer estimate.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -138,12 +140,30 @@ def tail_start(lengths: list[int], tail_share: float) -> int:
     return ordered[len(ordered) - allowed - 1] if allowed < len(ordered) else 0
 
 
-def estimate(responses: list[Response], budgets=BUDGETS, tail_share: float = 0.1) -> dict:
-    """Tokens per pass by budget, source set and phase, and the makespan ratio with tail drafting."""
+def sample_groups(responses: list[Response], max_groups: int) -> list[Response]:
+    """In each step, the `max_groups` prompts whose hash is smallest (all when 0). A prompt keeps
+    its hash in every step, so one that comes back stays in the sample with its earlier epochs."""
+    if not max_groups:
+        return responses
+
+    def rank(prompt: tuple[int, ...]) -> bytes:
+        return hashlib.blake2b(repr(prompt).encode(), digest_size=8).digest()
+
+    by_step: dict[int, set[tuple[int, ...]]] = defaultdict(set)
+    for r in responses:
+        by_step[r.step].add(r.prompt)
+    kept = {step: set(sorted(prompts, key=rank)[:max_groups]) for step, prompts in by_step.items()}
+    return [r for r in responses if r.prompt in kept[r.step]]
+
+
+def estimate(responses: list[Response], budgets=BUDGETS, tail_share: float = 0.1, progress=None) -> dict:
+    """Tokens per pass by budget, source set and phase, and the makespan ratio with tail drafting.
+    `progress(done, total)` is called after each (budget, sources, step) replay."""
     by_step: dict[int, list[Response]] = defaultdict(list)
     for r in responses:
         by_step[r.step].append(r)
     steps = sorted(by_step)
+    total, done = len(budgets) * 3 * len(steps), 0
     source_sets = {"own": ("own",), "own+siblings": ("own", "siblings"), "own+siblings+epochs": SOURCES}
     rows = []
     for budget in budgets:
@@ -170,6 +190,9 @@ def estimate(responses: list[Response], budgets=BUDGETS, tail_share: float = 0.1
                     # Drafting in the tail only: the full-batch positions run one token per pass.
                     longest_passes = max(longest_passes, counts["full"][1] + counts["tail"][0])
                 longest_tokens = max(len(r.tokens) for r in batch)
+                done += 1
+                if progress is not None:
+                    progress(done, total)
                 if longest_tokens:
                     makespans.append(longest_passes / longest_tokens)
             row = {"budget": budget, "sources": label}
@@ -225,6 +248,9 @@ def run(args) -> int:
     if not 0 <= args.tail_share < 1:
         print(f"--tail-share={args.tail_share}; allowed: 0 <= share < 1", file=sys.stderr)
         return 2
+    if args.max_groups < 0:
+        print(f"--max-groups={args.max_groups}; allowed: 0 (all) or a positive number of prompts", file=sys.stderr)
+        return 2
     rollout_dir = Path(args.rollout_dir)
     if not rollout_dir.is_dir():
         print(f"ROLLOUT_DIR={rollout_dir} is not a folder", file=sys.stderr)
@@ -234,7 +260,15 @@ def run(args) -> int:
     except ValueError as e:
         print(e, file=sys.stderr)
         return 2
-    result = estimate(responses, tuple(args.budget or BUDGETS), args.tail_share)
+    responses = sample_groups(responses, args.max_groups)
+    started_s = time.monotonic()
+
+    def progress(done: int, total: int) -> None:
+        print(f"\rreplayed {done}/{total} (budget x sources x step), {time.monotonic() - started_s:.0f} s",
+              end="" if done < total else "\n", file=sys.stderr, flush=True)
+
+    result = estimate(responses, tuple(args.budget or BUDGETS), args.tail_share, progress)
+    result["max_groups"] = args.max_groups
     print(format_table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
@@ -248,5 +282,8 @@ def add_parser(sub) -> None:
     p.add_argument("--budget", type=int, action="append", help=f"draft tokens per pass (repeatable; default {BUDGETS})")
     p.add_argument("--tail-share", type=float, default=0.1,
                    help="a position is in the tail when at most this share of the step's responses still run")
+    p.add_argument("--max-groups", type=int, default=0,
+                   help="replay at most this many prompts per step (chosen by hash, so a prompt that "
+                        "comes back is chosen again; 0: all)")
     p.add_argument("--json", help="also write the table as JSON here")
     p.set_defaults(func=run)

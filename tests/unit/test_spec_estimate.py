@@ -8,7 +8,7 @@ import random
 import pytest
 
 from rollout_ext.__main__ import main
-from rollout_ext.spec_estimate import Response, SuffixIndex, estimate, read_dumps, replay, tail_start
+from rollout_ext.spec_estimate import Response, SuffixIndex, estimate, read_dumps, replay, sample_groups, tail_start
 
 NO_TAIL = 10**9
 
@@ -107,3 +107,19 @@ def test_cli_refuses_bad_input_naming_it(tmp_path, capsys):
     assert "ROLLOUT_DIR=" in capsys.readouterr().err
     assert main(["spec-estimate", str(tmp_path), "--tokenizer", "x", "--tail-share", "1.5"]) == 2
     assert "--tail-share=1.5" in capsys.readouterr().err
+    assert main(["spec-estimate", str(tmp_path), "--tokenizer", "x", "--max-groups", "-1"]) == 2
+    assert "--max-groups=-1" in capsys.readouterr().err
+
+
+def test_a_group_sample_keeps_whole_prompts_across_steps():
+    responses = [Response(step, (p,), (1, 2, 3)) for step in (1, 2) for p in range(10) for _ in range(4)]
+    kept = sample_groups(responses, 3)
+    prompts = {r.prompt for r in kept}
+    assert len(prompts) == 3 and len(kept) == 3 * 4 * 2  # every sample of a kept prompt, in both steps
+    assert sample_groups(responses, 3) == kept and sample_groups(responses, 0) == responses
+    # New prompts in every step (as a dataset epoch runs): each step still keeps 3.
+    fresh = [Response(step, (step, p), (1, 2, 3)) for step in (1, 2) for p in range(10) for _ in range(4)]
+    assert len({(r.step, r.prompt) for r in sample_groups(fresh, 3)}) == 6
+    calls = []
+    estimate(kept, budgets=(4,), progress=lambda done, total: calls.append((done, total)))
+    assert calls[-1] == (6, 6) and len(calls) == 6  # 1 budget x 3 source sets x 2 steps
