@@ -77,7 +77,7 @@ def _scenario(model: str) -> dict:
 
     tmp = Path(tempfile.mkdtemp())
     slow_dir = tmp / "slow_steps"
-    args = argparse.Namespace(model=model, replicas=2, prompt_tokens=16, cap=CAP, max_num_seqs=16)
+    args = argparse.Namespace(model=model, workload="forced", replicas=2, prompt_tokens=16, cap=CAP, max_num_seqs=16)
     config, manager = start_replicas(args, slow_dir)
     servers = dict(zip(manager.server_addresses, manager.server_handles, strict=True))
 
