@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -48,18 +49,20 @@ if str(REPO) not in sys.path:
 from rollout_ext.balance.workload import WorkloadConfig, make_workload  # noqa: E402
 
 FIRST_PROMPT_TOKEN = 3  # ids 0..2 are bos/eos/pad in the tiny model
-WORKLOAD_MODELS = {"arith": REPO / ".cache" / "models" / "arith-qwen2",
-                   "forced": REPO / ".cache" / "models" / "tiny-qwen2"}
+# workload -> (default model, what decides each length)
+WORKLOADS = {
+    "arith": (REPO / ".cache" / "models" / "arith-qwen2", "the model's own EOS, temperature 1, a seed per sample"),
+    "forced": (REPO / ".cache" / "models" / "tiny-qwen2",
+               "vLLM logits processor rollout_ext.testing.forced_length (EOS at prompt+length)"),
+}
 ARITH_OPERAND_COUNTS = 8
-LENGTH_CONTROL = {"arith": "the model's own EOS, temperature 1, a seed per sample",
-                  "forced": "vLLM logits processor rollout_ext.testing.forced_length (EOS at prompt+length)"}
 ARITH_PROMPT_SEED = 3_000_017  # held out from the model's training and from arith_props' prompts
 NOISE_ROW = "verl_default_unchunked"  # runs verl_default's policy again: its spread is the noise
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--workload", choices=tuple(WORKLOAD_MODELS), default="arith",
+    p.add_argument("--workload", choices=tuple(WORKLOADS), default="arith",
                    help="arith: the trained model's natural lengths; forced: drawn lengths, EOS forced")
     p.add_argument("--model", default=None, help="default: .cache/models/arith-qwen2 (arith), tiny-qwen2 (forced)")
     p.add_argument("--replicas", type=int, default=2)
@@ -87,7 +90,7 @@ def parse_args(argv=None):
                    help="draw --plot from an earlier run's --json instead of running (no engines start)")
     a = p.parse_args(argv)
     a.policy_list = [x.strip() for x in a.policies.split(",") if x.strip()]
-    a.model = a.model or str(WORKLOAD_MODELS[a.workload])
+    a.model = a.model or str(WORKLOADS[a.workload][0])
     if a.workload == "arith" and a.prompts < ARITH_OPERAND_COUNTS:
         p.error(f"--prompts={a.prompts} with --workload arith; allowed: at least {ARITH_OPERAND_COUNTS} "
                 "(one per operand count)")
@@ -134,6 +137,7 @@ def arith_jobs(a, epoch: int) -> list[dict]:
     return jobs
 
 
+@functools.cache
 def _tokenizer(model: str):
     from transformers import AutoTokenizer
 
@@ -324,7 +328,7 @@ def run_real(a) -> dict:
             "warm_epochs": a.warm_epochs, "repeats": a.repeats, "seed": a.seed,
             # added to every decode step of one replica (0: all equal)
             "slow_replica": {"address": slow_replica, "step_ms": a.slow_ms} if slow_dir else None,
-            "length_control": LENGTH_CONTROL[a.workload] + "; the router sees only prompt ids and the cap",
+            "length_control": WORKLOADS[a.workload][1] + "; the router sees only prompt ids and the cap",
             "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine(),
                         "cpus": _cpus()},
         },

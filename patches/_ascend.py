@@ -76,11 +76,16 @@ def require_call(patch: str, func, callee: str, why: str) -> None:
 ASCEND_LINEARS = ("AscendRowParallelLinear", "AscendMergedColumnParallelLinear", "AscendQKVParallelLinear")
 
 
-def require_super_forward(patch: str) -> None:
-    """On vllm-ascend, each of ASCEND_LINEARS must run vLLM's forward: its own forward falls back to
-    it, or it has none of its own."""
+def require_vllm_linear_forward(patch: str) -> None:
+    """For a module that wraps vLLM's linear forward: on vllm-ascend, each of ASCEND_LINEARS must
+    still run it (its own forward falls back to it, or it has none of its own). Nothing to check
+    on stock vLLM."""
     import ast
 
+    from rollout_ext.platform import stack
+
+    if stack() == "vllm":
+        return
     for name in ASCEND_LINEARS:
         cls = require_hook(patch, "vllm_ascend.ops.linear", name)
         if "forward" not in cls.__dict__:

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from rollout_ext.patches._ascend import require_vllm_linear_forward
 from rollout_ext.patches._base import PatchError, Swaps, require_signature, require_vllm
 from rollout_ext.patches._compile_key import add_compile_key
 
@@ -261,17 +262,6 @@ def check_upstream(models: list[type], column_cls: type, row_cls: type) -> None:
         raise PatchError(f"rollout_ext patch {NAME!r}: vLLM's ForwardContext has no skip_compiled")
 
 
-def check_ascend_linears() -> None:
-    """On vllm-ascend the model's linears are its Ascend classes; this module reaches them only
-    through their fallback to vLLM's forward."""
-    from rollout_ext.platform import stack
-
-    if stack() != "vllm":
-        from rollout_ext.patches._ascend import require_super_forward
-
-        require_super_forward(NAME)
-
-
 def apply(cfg) -> None:
     if _swaps.applied:
         return
@@ -282,7 +272,7 @@ def apply(cfg) -> None:
 
     models = [Qwen2Model, LlamaModel]
     check_upstream(models, ColumnParallelLinear, RowParallelLinear)
-    check_ascend_linears()
+    require_vllm_linear_forward(NAME)  # on vllm-ascend, its linears reach it
     layer_types = (Qwen2DecoderLayer, LlamaDecoderLayer)
     min_tokens = cfg.flashcomm_min_tokens
     for model_cls in models:

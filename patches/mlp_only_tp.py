@@ -35,6 +35,7 @@ import inspect
 import logging
 from types import SimpleNamespace
 
+from rollout_ext.patches._ascend import require_vllm_linear_forward
 from rollout_ext.patches._base import PatchError, Swaps, require_signature, require_vllm
 from rollout_ext.patches._compile_key import add_compile_key
 
@@ -185,17 +186,6 @@ def _attention_targets() -> list[tuple[object, type]]:
     return targets
 
 
-def check_ascend_linears() -> None:
-    """On vllm-ascend the model's linears are its Ascend classes; this module reaches them only
-    through their fallback to vLLM's forward."""
-    from rollout_ext.platform import stack
-
-    if stack() != "vllm":
-        from rollout_ext.patches._ascend import require_super_forward
-
-        require_super_forward(NAME)
-
-
 def apply(cfg) -> None:
     if _swaps.applied:
         return
@@ -203,7 +193,7 @@ def apply(cfg) -> None:
     from vllm.config import ModelConfig
 
     targets = _attention_targets()
-    check_ascend_linears()
+    require_vllm_linear_forward(NAME)  # on vllm-ascend, its linears reach it
     require_signature(NAME, ModelConfig.get_num_attention_heads, ["parallel_config"])
     require_signature(NAME, ModelConfig.get_num_kv_heads, ["parallel_config"])
     for module, attention in targets:

@@ -156,53 +156,81 @@ def sample_groups(responses: list[Response], max_groups: int) -> list[Response]:
     return [r for r in responses if r.prompt in kept[r.step]]
 
 
-def estimate(responses: list[Response], budgets=BUDGETS, tail_share: float = 0.1, progress=None) -> dict:
-    """Tokens per pass by budget, source set and phase, and the makespan ratio with tail drafting.
-    `progress(done, total)` is called after each (budget, sources, step) replay."""
+@dataclasses.dataclass(slots=True)
+class _Step:
+    """What every replay of one step needs, built once: its responses, where its tail starts, each
+    prompt's group, and each prompt's responses in the EPOCHS_KEPT steps before."""
+
+    responses: list[Response]
+    tail_from: int
+    groups: dict[tuple[int, ...], list[Response]]
+    history: dict[tuple[int, ...], list[Response]]
+
+
+def _steps(responses: list[Response], tail_share: float) -> dict[int, _Step]:
     by_step: dict[int, list[Response]] = defaultdict(list)
     for r in responses:
         by_step[r.step].append(r)
-    steps = sorted(by_step)
-    total, done = len(budgets) * 3 * len(steps), 0
-    source_sets = {"own": ("own",), "own+siblings": ("own", "siblings"), "own+siblings+epochs": SOURCES}
-    rows = []
-    for budget in budgets:
-        for label, sources in source_sets.items():
-            totals = {"full": [0, 0], "tail": [0, 0]}
-            makespans = []
-            for i, step in enumerate(steps):
-                batch = by_step[step]
-                tail_from = tail_start([len(r.tokens) for r in batch], tail_share)
-                groups: dict[tuple[int, ...], list[Response]] = defaultdict(list)
-                for r in batch:
-                    groups[r.prompt].append(r)
-                history: dict[tuple[int, ...], list[Response]] = defaultdict(list)
-                for earlier in steps[max(0, i - EPOCHS_KEPT):i]:
-                    for r in by_step[earlier]:
-                        history[r.prompt].append(r)
-                longest_passes = 0
-                for r in batch:
-                    siblings = [s for s in groups[r.prompt] if s is not r]
-                    counts = replay(r, siblings, history[r.prompt], budget, sources, tail_from)
-                    for phase in totals:
-                        totals[phase][0] += counts[phase][0]
-                        totals[phase][1] += counts[phase][1]
-                    # Drafting in the tail only: the full-batch positions run one token per pass.
-                    longest_passes = max(longest_passes, counts["full"][1] + counts["tail"][0])
-                longest_tokens = max(len(r.tokens) for r in batch)
-                done += 1
-                if progress is not None:
-                    progress(done, total)
-                if longest_tokens:
-                    makespans.append(longest_passes / longest_tokens)
-            row = {"budget": budget, "sources": label}
-            for phase, (passes, tokens) in totals.items():
-                row[f"{phase}_tokens_per_pass"] = round(tokens / passes, 3) if passes else None
-            passes = totals["full"][0] + totals["tail"][0]
-            row["all_tokens_per_pass"] = round((totals["full"][1] + totals["tail"][1]) / passes, 3) if passes else None
-            row["makespan_ratio_tail_drafting"] = round(sum(makespans) / len(makespans), 3) if makespans else None
-            rows.append(row)
-    return {"steps": steps, "responses": len(responses), "tail_share": tail_share,
+    order = sorted(by_step)
+    steps = {}
+    for i, step in enumerate(order):
+        batch = by_step[step]
+        groups: dict[tuple[int, ...], list[Response]] = defaultdict(list)
+        for r in batch:
+            groups[r.prompt].append(r)
+        history: dict[tuple[int, ...], list[Response]] = defaultdict(list)
+        for earlier in order[max(0, i - EPOCHS_KEPT):i]:
+            for r in by_step[earlier]:
+                history[r.prompt].append(r)
+        steps[step] = _Step(batch, tail_start([len(r.tokens) for r in batch], tail_share), groups, history)
+    return steps
+
+
+def _row(steps: dict[int, _Step], budget: int, label: str, sources: tuple[str, ...], progress) -> dict:
+    """One table row: tokens per pass by phase, and the mean makespan ratio over the steps."""
+    totals = {"full": [0, 0], "tail": [0, 0]}  # phase -> [passes, tokens]
+    makespans = []
+    for plan in steps.values():
+        longest_passes = 0
+        for r in plan.responses:
+            siblings = [s for s in plan.groups[r.prompt] if s is not r]
+            counts = replay(r, siblings, plan.history[r.prompt], budget, sources, plan.tail_from)
+            for phase, (passes, tokens) in counts.items():
+                totals[phase][0] += passes
+                totals[phase][1] += tokens
+            # Drafting in the tail only: the full-batch positions run one token per pass.
+            longest_passes = max(longest_passes, counts["full"][1] + counts["tail"][0])
+        longest_tokens = max(len(r.tokens) for r in plan.responses)
+        if longest_tokens:
+            makespans.append(longest_passes / longest_tokens)
+        progress()
+    row = {"budget": budget, "sources": label}
+    for phase, (passes, tokens) in totals.items():
+        row[f"{phase}_tokens_per_pass"] = round(tokens / passes, 3) if passes else None
+    passes = totals["full"][0] + totals["tail"][0]
+    row["all_tokens_per_pass"] = round((totals["full"][1] + totals["tail"][1]) / passes, 3) if passes else None
+    row["makespan_ratio_tail_drafting"] = round(sum(makespans) / len(makespans), 3) if makespans else None
+    return row
+
+
+SOURCE_SETS = {"own": ("own",), "own+siblings": ("own", "siblings"), "own+siblings+epochs": SOURCES}
+
+
+def estimate(responses: list[Response], budgets=BUDGETS, tail_share: float = 0.1, progress=None) -> dict:
+    """Tokens per pass by budget, source set and phase, and the makespan ratio with tail drafting.
+    `progress(done, total)` is called after each (budget, sources, step) replay."""
+    steps = _steps(responses, tail_share)
+    total, done = len(budgets) * len(SOURCE_SETS) * len(steps), 0
+
+    def step_done() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total)
+
+    rows = [_row(steps, budget, label, sources, step_done)
+            for budget in budgets for label, sources in SOURCE_SETS.items()]
+    return {"steps": sorted(steps), "responses": len(responses), "tail_share": tail_share,
             "max_match_tokens": MAX_MATCH_TOKENS, "min_match_tokens": MIN_MATCH_TOKENS,
             "epochs_kept": EPOCHS_KEPT, "rows": rows}
 

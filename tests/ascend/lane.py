@@ -143,8 +143,9 @@ def build(vllm_config, seed: int | None = None, weights=None):
 
 def fresh_model_state(vllm_config) -> None:
     """What a new engine process starts with, so a second model can be built in this one: vLLM's
-    rope cache (get_rope shares rotary modules between models), the attention layer names, and
-    vllm-ascend's record of the first rope table (update_cos_sin gathers from it)."""
+    rope cache (get_rope shares rotary modules between models), the attention layer names,
+    vllm-ascend's record of the first rope table (update_cos_sin gathers from it), and its per-step
+    cos/sin buffers with nothing gathered (NaN, so that a read of a row no gather wrote shows)."""
     from vllm.model_executor.layers import rotary_embedding as vllm_rope
     from vllm_ascend.ops import rotary_embedding
 
@@ -152,6 +153,9 @@ def fresh_model_state(vllm_config) -> None:
     vllm_config.compilation_config.static_forward_context.clear()
     rotary_embedding._cos_sin_cache = None
     rotary_embedding._cos_cache = rotary_embedding._sin_cache = None
+    for buffer in (rotary_embedding._cos, rotary_embedding._sin):
+        if buffer is not None:
+            buffer.fill_(float("nan"))
 
 
 @contextlib.contextmanager

@@ -10,8 +10,8 @@ On every rank:
    torch_npu.npu_mrope per layer, the per-layer gather; q and k are strided views into one qkv
    tensor, as Qwen2Attention.forward splits them) and every layer's o_proj and down_proj at
    prefill size and at decode size, then the biased layer at both sizes.
-3. The plugin binds the modules (stack detection must say ascend-main), vllm-ascend's per-step
-   cos/sin buffers are wiped (NaN, as a new engine has nothing gathered), a second model is built
+3. The plugin binds the modules (stack detection must say ascend-main), the lane's fresh model
+   state wipes vllm-ascend's per-step cos/sin buffers (NaN: nothing gathered), a second model is built
    with the first one's weights, and the same two steps run again. Asserted:
    - rope: after each step's update_cos_sin, vllm-ascend's `_cos`/`_sin` hold that step's rows
      (what its gather writes, compared with the unpatched run's); zero per-layer gathers,
@@ -100,15 +100,6 @@ def run_steps(model, biased, runner_module, gen, dtype):
     return outputs, {op: calls.count(op) for op in sorted(set(calls))}, log, buffers
 
 
-def wipe_step_buffers() -> None:
-    """vllm-ascend's per-step cos/sin as a new engine has them: nothing gathered (NaN, so that any
-    read of a row no gather wrote shows)."""
-    from vllm_ascend.ops import rotary_embedding
-
-    rotary_embedding._cos.fill_(float("nan"))
-    rotary_embedding._sin.fill_(float("nan"))
-
-
 def mutate(name: str) -> None:
     """A wrong module, injected after the plugin bound the right one."""
     from rollout_ext.ops import linear
@@ -191,8 +182,7 @@ def worker(rank: int, port: int, tp: int, dtype_name: str, mutation: str | None 
 
         rope_cache.reset_counters()
         mc2_row_parallel.reset_counts()
-        lane.fresh_model_state(vllm_config)
-        wipe_step_buffers()
+        lane.fresh_model_state(vllm_config)  # the per-step cos/sin buffers too: NaN
         patched = lane.build(vllm_config, weights=plain.state_dict())
         patched_biased = build_biased(vllm_config, weights=plain_biased.state_dict())
         got, patched_calls, log, buffers = run_steps(
