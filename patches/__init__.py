@@ -48,6 +48,7 @@ PATCHES: dict[str, Patch] = {
     "flashcomm": Patch("vllm"),
     "mlp_only_tp": Patch("vllm"),
     "fav2_attention": Patch("vllm"),
+    "tail_drafting": Patch("vllm"),
     # verl side: where verl 0.9.1 branches on rollout.name == "vllm", rollout_ext takes the vLLM branch.
     "verl_rollout_config_checks": Patch("verl", "verl.workers.config.rollout"),
     "verl_lora_rank_check": Patch("verl", "verl.utils.config"),

@@ -3,6 +3,7 @@ when it is not where the binding expects it."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 
 from rollout_ext.patches._base import PatchError, require_signature
@@ -50,7 +51,6 @@ def require_own(patch: str, cls: type, attr: str) -> None:
 
 def _calls(func) -> list:
     """Every call expression in `func`'s source (comments and strings are not calls)."""
-    import ast
     import inspect
     import textwrap
 
@@ -58,15 +58,25 @@ def _calls(func) -> list:
     return [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
 
 
+def calls_named(func, callee: str) -> bool:
+    """Does `func` call `callee` (by that name, or as an attribute of that name)?"""
+
+    return any((isinstance(c.func, ast.Name) and c.func.id == callee)
+               or (isinstance(c.func, ast.Attribute) and c.func.attr == callee) for c in _calls(func))
+
+
+def calls_super(func, method: str) -> bool:
+    """Does `func` call `super().<method>(...)`?"""
+
+    return any(isinstance(c.func, ast.Attribute) and c.func.attr == method and isinstance(c.func.value, ast.Call)
+               and isinstance(c.func.value.func, ast.Name) and c.func.value.func.id == "super"
+               for c in _calls(func))
+
+
 def require_call(patch: str, func, callee: str, why: str) -> None:
     """`func` must call `callee` (by that name, or as an attribute of that name)."""
-    import ast
-
-    for call in _calls(func):
-        target = call.func
-        if (isinstance(target, ast.Name) and target.id == callee) or (
-                isinstance(target, ast.Attribute) and target.attr == callee):
-            return
+    if calls_named(func, callee):
+        return
     raise PatchError(f"rollout_ext patch {patch!r}: {ascend_label()}: {func.__qualname__} no longer calls "
                      f"{callee} ({why}) (missing hook); this binding needs updating")
 
@@ -80,8 +90,6 @@ def require_vllm_linear_forward(patch: str) -> None:
     """For a module that wraps vLLM's linear forward: on vllm-ascend, each of ASCEND_LINEARS must
     still run it (its own forward falls back to it, or it has none of its own). Nothing to check
     on stock vLLM."""
-    import ast
-
     from rollout_ext.platform import stack
 
     if stack() == "vllm":
@@ -90,10 +98,16 @@ def require_vllm_linear_forward(patch: str) -> None:
         cls = require_hook(patch, "vllm_ascend.ops.linear", name)
         if "forward" not in cls.__dict__:
             continue
-        forward = cls.__dict__["forward"]
-        if not any(isinstance(c.func, ast.Attribute) and c.func.attr == "forward"
-                   and isinstance(c.func.value, ast.Call) and isinstance(c.func.value.func, ast.Name)
-                   and c.func.value.func.id == "super" for c in _calls(forward)):
+        if not calls_super(cls.__dict__["forward"], "forward"):
             raise PatchError(f"rollout_ext patch {patch!r}: {ascend_label()}: {name}.forward no longer falls back "
                              f"to super().forward (vLLM's, which this module wraps) (missing hook); this "
                              f"binding needs updating")
+
+
+def require_super_call(patch: str, cls: type, method: str, why: str) -> None:
+    """`cls.method`, where `cls` defines it, must reach its base's through super().method; a class
+    that does not define it inherits the base's, which is fine too."""
+    own = cls.__dict__.get(method)
+    if own is not None and not calls_super(own, method):
+        raise PatchError(f"rollout_ext patch {patch!r}: {ascend_label()}: {cls.__qualname__}.{method} no longer "
+                         f"calls super().{method} ({why}) (missing hook); this binding needs updating")

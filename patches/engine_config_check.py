@@ -3,7 +3,9 @@
 Why: some conflicts depend on engine settings that only exist once vLLM builds its config (FAV2 needs
 chunked prefill off; TASK_QUEUE_ENABLE=2 needs eager mode; mc2 and MLP-only TP do nothing at TP=1).
 Checking here fails in the launching process, before any engine core or worker starts. It is the
-one engine-time hook: it also runs each applied patch's own `check_engine(cfg, vllm_config)` (e.g.
+one engine-time hook: before vLLM builds the config it runs each applied patch's own
+`prepare_engine_args(cfg, engine_args)` (tail_drafting fills the speculative config); after, each
+applied patch's own `check_engine(cfg, vllm_config)` (e.g.
 mlp_only_tp refuses an unsupported architecture), keeps the merged config (`engine_config()`), and
 tells the plugin, so modules that do nothing at this TP size are reported inert.
 Targets: vllm>=0.23,<0.28 (create_engine_config(self, usage_context, headless)). Upstream: none.
@@ -51,6 +53,17 @@ def check_engine(cfg, vllm_config):
     return merged
 
 
+def prepare_engine_args(cfg, engine_args) -> None:
+    """Before vLLM builds its config: each applied patch's own `prepare_engine_args(cfg, engine_args)`
+    (e.g. tail_drafting fills the speculative config)."""
+    from rollout_ext import patches, plugin
+
+    for name in plugin.applied_patches():
+        prepare = getattr(patches.load(name), "prepare_engine_args", None)
+        if prepare is not None and name != NAME:
+            prepare(cfg, engine_args)
+
+
 def apply(cfg) -> None:
     if _swaps.applied:
         return
@@ -62,6 +75,7 @@ def apply(cfg) -> None:
 
     @functools.wraps(original)
     def create_engine_config(self, *args, **kwargs):
+        prepare_engine_args(cfg, self)
         vllm_config = original(self, *args, **kwargs)
         check_engine(cfg, vllm_config)
         return vllm_config

@@ -46,6 +46,12 @@ class ExtConfig(msgspec.Struct, frozen=True, kw_only=True):
     mlp_only_tp: bool = False
     # Prefill attention through the ATB FlashAttention-v2 op (NPU only; needs chunked prefill off).
     fav2: bool = False
+    # Suffix drafting in the tail only (arctic-inference's suffix trees; patches/tail_drafting.py).
+    tail_drafting: bool = False
+    # Draft tokens per step for the longest-running sequence while drafting.
+    draft_tokens: int = 8
+    # Drafting runs while at most this many sequences run on the replica, and stops above it.
+    tail_batch_seqs: int = 16
     # Fail when a patch cannot be applied; with 0, log it and leave vLLM unpatched.
     strict: bool = True
     # This replica's weights are synced from a trainer (rollout_ext's verl replica sets it for
@@ -184,6 +190,8 @@ _SWITCHES: list[tuple[str, Callable[[str, str], object]]] = [
     *((name, _bool) for name in modules.NAMES),
     ("mc2_min_tokens", _positive_int),
     ("flashcomm_min_tokens", _positive_int),
+    ("draft_tokens", _positive_int),
+    ("tail_batch_seqs", _positive_int),
     ("strict", _bool),
     ("weight_sync", _bool),
     ("graph_mode", _bool),

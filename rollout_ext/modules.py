@@ -46,6 +46,8 @@ class Module(msgspec.Struct, frozen=True, kw_only=True):
     conflicts: tuple[tuple[str, str], ...] = ()
     # Old vllm-ascend switches that mean this module.
     aliases: tuple[str, ...] = ()
+    # Speculative decoding: it changes what a step verifies, never what greedy decoding picks.
+    drafts: bool = False
 
     @property
     def switch(self) -> str:
@@ -184,6 +186,32 @@ MODULES: tuple[Module, ...] = (
         # _forward_prefill_no_cache (prefill runs through npu_fused_infer_attention_score on paged KV).
         stacks={"vllm": _FAV2, "ascend-main": _FAV2, "ascend-0.23": _FAV2},
         npu_only=True,
+    ),
+    Module(
+        name="tail_drafting",
+        summary="suffix drafting (siblings' and own text) only while few sequences run, more for the longest",
+        stacks={
+            "vllm": Binding(
+                patch="tail_drafting",
+                hooks=(
+                    "vllm.v1.spec_decode.suffix_decoding.SuffixDecodingProposer.propose",
+                    "vllm.engine.arg_utils.EngineArgs.speculative_config (suffix, batch-size schedule)",
+                ),
+            ),
+            "ascend-main": Binding(
+                patch="tail_drafting",
+                hooks=(
+                    "vllm.v1.spec_decode.suffix_decoding.SuffixDecodingProposer.propose (reached from "
+                    "AscendSuffixDecodingProposer.propose through super().propose)",
+                    "vllm.engine.arg_utils.EngineArgs.speculative_config (suffix, batch-size schedule)",
+                ),
+            ),
+            "ascend-0.23": Binding(refusal=(
+                "verified on vllm-ascend main only: 0.23.0 with its vLLM 0.23.0 calls the suffix proposer "
+                "without the step's draft count (AscendSuffixDecodingProposer.propose: "
+                "super().propose(input_batch, sampled_token_ids)), so no batch-size schedule reaches it")),
+        },
+        drafts=True,
     ),
 )
 

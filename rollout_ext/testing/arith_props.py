@@ -117,7 +117,7 @@ SPECULATIVE = {"off": None,
 
 
 def sample(model: str, problems: list[arith.Problem], samples_per_prompt: int, max_tokens: int,
-           seed: int, speculative: str = "off") -> tuple[list[list[dict]], list[dict]]:
+           seed: int, speculative: str = "off") -> tuple[list[list[dict]], list[dict], dict[str, int]]:
     """Runs vLLM in this process: n samples at temperature 1 and one greedy response per prompt.
 
     The engine's seed makes the run repeatable. A per-request seed would not: every prompt would
@@ -125,8 +125,11 @@ def sample(model: str, problems: list[arith.Problem], samples_per_prompt: int, m
     """
     from vllm import LLM, SamplingParams
 
+    from rollout_ext.testing.greedy import spec_decode_counts
+
     llm = LLM(model=model, dtype="float32", enforce_eager=True, seed=seed, max_model_len=1024,
-              kv_cache_memory_bytes=KV_CACHE_BYTES, speculative_config=SPECULATIVE[speculative])
+              kv_cache_memory_bytes=KV_CACHE_BYTES, speculative_config=SPECULATIVE[speculative],
+              disable_log_stats=False)
     prompts = [p.prompt for p in problems]
 
     def score(problem: arith.Problem, completion) -> dict:
@@ -139,7 +142,7 @@ def sample(model: str, problems: list[arith.Problem], samples_per_prompt: int, m
                                                    max_tokens=max_tokens), use_tqdm=False)
     greedy = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
     return ([[score(p, c) for c in out.outputs] for p, out in zip(problems, sampled)],
-            [score(p, out.outputs[0]) for p, out in zip(problems, greedy)])
+            [score(p, out.outputs[0]) for p, out in zip(problems, greedy)], spec_decode_counts(llm))
 
 
 def format_table(summary: dict) -> str:
@@ -181,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     problems = held_out_problems(args.prompts)
 
     start_s = time.perf_counter()
-    samples, greedy = sample(str(args.model), problems, args.samples, args.max_tokens, args.seed, args.speculative)
+    samples, greedy, spec_decode = sample(str(args.model), problems, args.samples, args.max_tokens, args.seed,
+                                          args.speculative)
     elapsed_s = time.perf_counter() - start_s
     summary = summarize(problems, samples, greedy, args.max_tokens)
     checks = verdict(summary)
@@ -203,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                       "max_tokens": args.max_tokens, "seed": args.seed, "prompt_seed": PROMPT_SEED,
                       "speculative": args.speculative,
                       "temperature": 1.0},
-            "summary": summary, "checks": checks, "elapsed_s": round(elapsed_s, 1),
+            "summary": summary, "checks": checks, "elapsed_s": round(elapsed_s, 1), "spec_decode": spec_decode,
             "greedy_summary": greedy_summary, "greedy_checks": verdict(greedy_summary),
             "lengths": [[r["tokens"] for r in group] for group in samples],
         }, indent=1))

@@ -52,6 +52,8 @@ class GreedyResult:
     log: str = field(repr=False, default="")
     # Per worker: rope gather counters (see rope_probe.read), or {"error": ...}; None if not asked.
     rope_counters: list[dict] | None = None
+    # vLLM's speculative decoding counters: drafts, draft_tokens, accepted_tokens (all 0 without drafting).
+    spec_decode: dict[str, int] = field(default_factory=dict)
 
 
 def child_env(env: dict[str, str], spec: GreedySpec) -> dict[str, str]:
@@ -86,7 +88,8 @@ def run_greedy(spec: GreedySpec, env: dict[str, str], timeout_s: float = 600) ->
         data = json.loads(out.read_text())
     logprobs = [[{int(t): lp for t, lp in step.items()} for step in req] for req in data["logprobs"]]
     return GreedyResult(
-        tokens=data["tokens"], logprobs=logprobs, log=proc.stdout, rope_counters=data.get("rope_counters")
+        tokens=data["tokens"], logprobs=logprobs, log=proc.stdout, rope_counters=data.get("rope_counters"),
+        spec_decode=data["spec_decode"],
     )
 
 
@@ -103,6 +106,7 @@ def _generate(spec: GreedySpec) -> dict:
         max_model_len=spec.max_model_len,
         enable_chunked_prefill=spec.enable_chunked_prefill,
         seed=0,
+        disable_log_stats=False,  # the speculative decoding counters
     )
     if spec.max_num_batched_tokens:
         kwargs["max_num_batched_tokens"] = spec.max_num_batched_tokens
@@ -119,11 +123,21 @@ def _generate(spec: GreedySpec) -> dict:
         completion = request.outputs[0]
         tokens.append(list(completion.token_ids))
         logprobs.append([{str(t): float(lp.logprob) for t, lp in step.items()} for step in completion.logprobs])
-    result = {"tokens": tokens, "logprobs": logprobs}
+    result = {"tokens": tokens, "logprobs": logprobs, "spec_decode": spec_decode_counts(llm)}
     if spec.rope_counters:
         counters = _rpc(llm, "read")
         result["rope_counters"] = counters if probe_error is None else probe_error
     return result
+
+
+def spec_decode_counts(llm) -> dict[str, int]:
+    """vLLM's counters vllm:spec_decode_num_{drafts,draft_tokens,accepted_tokens}, summed over engines."""
+    counts = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
+    for metric in llm.get_metrics():
+        name = metric.name.removeprefix("vllm:spec_decode_num_")
+        if name in counts:
+            counts[name] += int(metric.value)
+    return counts
 
 
 def _rpc(llm, name: str):

@@ -72,7 +72,7 @@ def test_register_is_idempotent_and_logs_once():
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stdout.splitlines() if "rollout_ext 0.1.0:" in line]
     assert len(lines) == 1 and "active=[] " in lines[0] and "device=cpu" in lines[0]
-    assert "off=[rope_cache,mc2,flashcomm,mlp_only_tp,fav2]" in lines[0]
+    assert "off=[rope_cache,mc2,flashcomm,mlp_only_tp,fav2,tail_drafting]" in lines[0]
     assert "APPLIED ['ascend_import_order', 'engine_config_check', 'cpu_spec_sampling']" in proc.stdout
     assert "AFTER [] None" in proc.stdout
 
@@ -201,7 +201,7 @@ def test_status_line_lists_what_bound_and_refusals():
     assert "active=[rope_cache,mc2]" in status and "refused=[fav2]" in status, status
     states = json.loads(proc.stdout.split("STATES ", 1)[1].splitlines()[0])
     assert states == {"rope_cache": "active", "mc2": "active", "flashcomm": "off", "mlp_only_tp": "off",
-                      "fav2": "refused"}
+                      "fav2": "refused", "tail_drafting": "off"}
     # Once the engine says TP=1, mc2 has nothing to fuse: inert, and the status line says so.
     engine = json.loads(proc.stdout.split("ENGINE ", 1)[1].splitlines()[0])
     assert engine["mc2"] == "inert" and engine["rope_cache"] == "active"
