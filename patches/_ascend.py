@@ -73,6 +73,13 @@ def calls_super(func, method: str) -> bool:
                for c in _calls(func))
 
 
+def keyword_passed(func, callee: str, keyword: str) -> bool:
+    """Does `func` call `callee` (as a name or an attribute) with `keyword=...`?"""
+    return any(((isinstance(c.func, ast.Name) and c.func.id == callee)
+                or (isinstance(c.func, ast.Attribute) and c.func.attr == callee))
+               and any(k.arg == keyword for k in c.keywords) for c in _calls(func))
+
+
 def require_call(patch: str, func, callee: str, why: str) -> None:
     """`func` must call `callee` (by that name, or as an attribute of that name)."""
     if calls_named(func, callee):

@@ -108,16 +108,22 @@ def _require_arctic() -> None:
             f"({e}). `make setup` builds it; by hand: see README (Tail drafting)") from e
 
 
-def _require_ascend_forwards() -> None:
-    """On vllm-ascend, its suffix proposer must still reach vLLM's through super().propose."""
+def check_upstream() -> None:
+    """On vllm-ascend: its suffix proposer must still reach vLLM's through super().propose, and its
+    runner must still pass the scheduled K to it (else the batch-size schedule never arrives)."""
     from rollout_ext.platform import stack
 
     if stack() == "vllm":
         return
-    from rollout_ext.patches._ascend import require_hook, require_super_call
+    from rollout_ext.patches._ascend import ascend_label, keyword_passed, require_hook, require_super_call
 
     cls = require_hook(NAME, "vllm_ascend.spec_decode.suffix_proposer", "AscendSuffixDecodingProposer")
     require_super_call(NAME, cls, "propose", "the scheduled K reaches vLLM's SuffixDecodingProposer.propose")
+    runner = require_hook(NAME, "vllm_ascend.worker.model_runner_v1", "NPUModelRunner.propose_draft_token_ids")
+    if not keyword_passed(runner, "propose", "num_speculative_tokens"):
+        raise PatchError(f"rollout_ext patch {NAME!r}: {ascend_label()}: NPUModelRunner.propose_draft_token_ids no "
+                         f"longer passes num_speculative_tokens to its proposer's propose (the scheduled K) "
+                         f"(missing hook); this binding needs updating")
 
 
 def apply(cfg=None) -> bool:
@@ -133,7 +139,7 @@ def apply(cfg=None) -> bool:
     if not calls_named(original, "speculate"):
         raise PatchError(f"rollout_ext patch {NAME!r}: SuffixDecodingProposer.propose no longer calls the suffix "
                          f"cache's speculate (vllm {require_vllm(NAME)}); the upstream code moved")
-    _require_ascend_forwards()
+    check_upstream()
     _swaps.replace(SuffixDecodingProposer, "propose", _wrap(original))
     return True
 

@@ -125,6 +125,18 @@ MOVES = {
                                      "return self.quant_method.apply(self, input_)"),
         "AscendRowParallelLinear.forward no longer falls back to super().forward",
     ),
+    "suffix proposer stops calling vLLM's": (
+        "tail_drafting", "spec_decode/suffix_proposer.py",
+        lambda p: _replace_in_method(p, "AscendSuffixDecodingProposer", "propose", "super().propose(",
+                                     "self.propose_all("),
+        "AscendSuffixDecodingProposer.propose no longer calls super().propose",
+    ),
+    "runner stops passing the scheduled K to the proposer": (
+        "tail_drafting", "worker/model_runner_v1.py",
+        lambda p: _replace_in_method(p, "NPUModelRunner", "propose_draft_token_ids",
+                                     "num_speculative_tokens=scheduler_output", "scheduler_output"),
+        "propose_draft_token_ids no longer passes num_speculative_tokens",
+    ),
 }
 
 
@@ -136,7 +148,7 @@ def _guards(upstream) -> dict:
 
 def test_guards_pass_on_the_real_source(ascend_upstream):
     assert _guards(ascend_upstream) == {"rope_cache_ascend": None, "mc2_ascend": None, "flashcomm": None,
-                                        "mlp_only_tp": None}
+                                        "mlp_only_tp": None, "tail_drafting": None}
 
 
 @pytest.mark.parametrize("move", sorted(MOVES))
@@ -205,3 +217,19 @@ def test_flashcomm_shards_tokens_through_ascend_linears_and_norms(ascend_upstrea
         assert report["shard_rows"] == [1, 3, 4]  # 1, 5 and 8 tokens padded to a multiple of TP=2
         # The unpatched block ran vllm-ascend's own NPU ops (its norms and activation).
         assert {"npu_add_rms_norm", "npu_rms_norm", "npu_swiglu"} <= set(report["unpatched_calls"])
+
+
+def test_tail_drafting_binds_vllm_ascends_suffix_proposer(ascend_upstream, tiny_qwen2):
+    env = {"VLLM_PLUGINS": "rollout_ext", "ROLLOUT_EXT_TAIL_DRAFTING": "1",
+           # ascend_import_order cannot import vllm_ascend.patch.worker here (torchvision): logged, not fatal
+           "ROLLOUT_EXT_STRICT": "0"}
+    report = _report(run_scenario("suffix_drafting.py", str(tiny_qwen2), env=env), "SUFFIX ")[0]
+    assert report["state"] == "active" and report["stack"] == "ascend-main"
+    # The engine config drafts with suffix decoding, 8 tokens while at most 16 sequences run, none above.
+    assert report["method"] == "suffix" and report["k_by_batch"] == {"1": 8, "16": 8, "17": 0, "32": 0}
+    # vllm-ascend's proposer, called as its runner calls it: the scheduled K, capped per sequence by
+    # how long it has run (the second row ran a quarter as long: 1 token).
+    assert report["proposer"] == "AscendSuffixDecodingProposer"
+    assert report["bound"] == [[7, 8, 9, 10], [10]] and report["full_batch"] == [[], []]
+    # Control: unpatched, vLLM's proposer under it asserts that the step's K is the configured one.
+    assert report["control"] == "AssertionError"

@@ -3,13 +3,11 @@ vLLM's batch-size schedule builder and vLLM's EngineArgs; unpatched vLLM is the 
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-import numpy as np
 import pytest
 
 from rollout_ext.config import ConfigError, ExtConfig
 from rollout_ext.patches import tail_drafting
+from rollout_ext.testing import drafting
 
 
 def test_the_longest_running_sequence_gets_the_steps_draft_budget():
@@ -71,26 +69,9 @@ def _proposer(configured_tokens: int):
     return proposer
 
 
-def _batch(rows: list[list[int]], prompt_tokens: int) -> SimpleNamespace:
-    """The InputBatch fields the proposer reads: request ids, token ids and counts per row."""
-    ids = [f"r{i}" for i in range(len(rows))]
-    tokens = np.zeros((len(rows), 1024), dtype=np.int32)
-    for i, row in enumerate(rows):
-        tokens[i, :len(row)] = row
-    return SimpleNamespace(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                           num_tokens_no_spec=np.array([len(r) for r in rows]),
-                           num_prompt_tokens=np.array([prompt_tokens] * len(rows)), token_ids_cpu=tokens)
-
-
-# A response that repeats itself drafts from its own text; the second has run a quarter as long.
-_PROMPT = [1, 2, 3]
-_LONG = _PROMPT + [7, 8, 9, 10, 11, 12] * 6
-_SHORT = _PROMPT + [7, 8, 9, 10, 11, 12, 7, 8, 9]
-
-
 def _propose(proposer, step_tokens: int):
-    batch = _batch([_LONG, _SHORT], len(_PROMPT))
-    return proposer.propose(step_tokens, batch, [_LONG[3:], _SHORT[3:]])
+    batch, sampled = drafting.two_rows()
+    return proposer.propose(step_tokens, batch, sampled)
 
 
 def test_a_step_with_fewer_drafts_than_configured_runs_only_with_the_patch():
