@@ -145,9 +145,10 @@ def _tokenizer(model: str):
 
 
 # ---- replicas, router, client ---------------------------------------------------------------------
-def start_replicas(a, slow_dir: Path | None = None):
+def start_replicas(a, slow_dir: Path | None = None, env_vars: dict[str, str] | None = None):
     """verl's LLMServerManager with rollout_ext replicas of the tiny model (Ray on 127.0.0.1). With
-    `slow_dir`, the engines also load the slow-steps processor, controlled from that folder."""
+    `slow_dir`, the engines also load the slow-steps processor, controlled from that folder;
+    `env_vars` reach every replica process (e.g. ROLLOUT_EXT_* switches)."""
     from rollout_ext.testing import forced_length, slow_steps
     from rollout_ext.verl.tiny_run import compose, init_local_ray, rollout_overrides
 
@@ -156,6 +157,8 @@ def start_replicas(a, slow_dir: Path | None = None):
     processors = ([forced_length.FQCN] if a.workload == "forced" else []) + ([slow_steps.FQCN] if slow_dir else [])
     overrides = [o for o in overrides if "max_num_seqs" not in o] + [
         f"actor_rollout_ref.rollout.max_num_seqs={a.max_num_seqs}",
+        # vLLM's counters (speculative decoding among them), read back with spec_decode_counts().
+        "actor_rollout_ref.rollout.disable_log_stats=False",
     ]
     if processors:
         overrides.append(f"+actor_rollout_ref.rollout.engine_kwargs.rollout_ext.logits_processors=[{','.join(processors)}]")
@@ -163,7 +166,7 @@ def start_replicas(a, slow_dir: Path | None = None):
         overrides.append("+actor_rollout_ref.rollout.engine_kwargs.rollout_ext.additional_config="
                          f"{{{slow_steps.CONFIG_KEY}:'{slow_dir}'}}")
     config = compose(overrides)
-    init_local_ray(a.replicas, _cache_env())
+    init_local_ray(a.replicas, {**_cache_env(), **(env_vars or {})})
     from verl.workers.rollout.llm_server import LLMServerManager
 
     return config, LLMServerManager.create(config, worker_group=None)
@@ -180,6 +183,26 @@ def slow_one_replica(manager, slow_dir: Path, step_ms: float) -> str:
     server_pid = ray.get(handle.__ray_call__.remote(lambda _self: os.getpid()))
     slow_steps.set_slow(slow_dir, {slow_steps.engine_under(slow_dir, server_pid): step_ms})
     return address
+
+
+def spec_decode_counts(manager) -> dict[str, int]:
+    """vLLM's speculative decoding counters, summed over the manager's replicas (their servers'
+    in-process metrics)."""
+    import ray
+
+    def read(_server):
+        from vllm.v1.metrics.reader import get_metrics_snapshot
+
+        return {m.name: m.value for m in get_metrics_snapshot() if m.name.startswith("vllm:spec_decode_num_")
+                and hasattr(m, "value")}
+
+    counts = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
+    for found in ray.get([h.__ray_call__.remote(read) for h in manager.server_handles]):
+        for name, value in found.items():
+            key = name.removeprefix("vllm:spec_decode_num_")
+            if key in counts:
+                counts[key] += int(value)
+    return counts
 
 
 def _cache_env() -> dict[str, str]:

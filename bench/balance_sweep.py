@@ -54,7 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rollout_ext.balance.calibration import off_by  # noqa: E402
 from rollout_ext.balance.registry import make_policy  # noqa: E402
 from rollout_ext.balance.simulator import REPLICA_SPEEDS, simulate  # noqa: E402
-from rollout_ext.balance.step_model import STEP_MODELS, StepModel, lower_bound_dl_s, lower_bound_s, scaled  # noqa: E402
+from rollout_ext.balance.step_model import (DRAFTING, STEP_MODELS, StepModel, drafted, lower_bound_dl_s,  # noqa: E402
+                                            lower_bound_s, scaled)
 from rollout_ext.balance.workload import WorkloadConfig, make_workload  # noqa: E402
 
 POLICIES = ("tail_aware_placement", "tail_aware")
@@ -78,6 +79,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--step-models", default=",".join(STEP_MODELS), help=f"from {', '.join(STEP_MODELS)}")
     p.add_argument("--replicas", default="4,16,64,128")
     p.add_argument("--replica-speeds", default="equal", help=f"from {', '.join(REPLICA_SPEEDS)}")
+    p.add_argument("--drafting", default="none",
+                   help=f"tail drafting profiles for the tail-aware policies, from {', '.join(DRAFTING)} (verl_default "
+                        "never drafts); the bounds are drafted too")
     p.add_argument("--iccs", default="0.3,0.85")
     p.add_argument("--caps", default="20480")
     p.add_argument("--seeds", type=int, default=2, help="workload seeds per (step model, R, ICC, cap)")
@@ -111,6 +115,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     a.replica_list = _list("--replicas", a.replicas, int, lambda v: v >= 1, "integers >= 1")
     a.speeds_list = _list("--replica-speeds", a.replica_speeds, str, lambda v: v in REPLICA_SPEEDS,
                           ", ".join(REPLICA_SPEEDS))
+    a.drafting_list = _list("--drafting", a.drafting, str, lambda v: v in DRAFTING, ", ".join(DRAFTING))
     a.icc_list = _list("--iccs", a.iccs, float, lambda v: 0 <= v <= 1, "numbers in [0, 1]")
     a.cap_list = _list("--caps", a.caps, int, lambda v: v > a.mean_len, f"integers > --mean-len ({a.mean_len})")
     if a.prior_error <= 0:
@@ -124,9 +129,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def run_cell(cell: dict) -> dict:
-    """Simulate one cell: verl_default over its tie-break seeds, then the tail-aware policies."""
-    model = STEP_MODELS[cell["step_model"]]
-    policy_model = {"default": StepModel(), "true": model,
+    """Simulate one cell: verl_default over its tie-break seeds, then the tail-aware policies (with the
+    cell's drafting profile, if any: only they draft)."""
+    plain = STEP_MODELS[cell["step_model"]]
+    profile = cell.get("drafting", "none")
+    model = drafted(plain, profile)
+    policy_model = {"default": drafted(StepModel(), profile), "true": model,
                     "off": off_by(model, cell["prior_error"])}[cell["policy_model"]]
     cfg = WorkloadConfig(prompts=cell["prompts"], samples=cell["samples"], mean_tokens=cell["mean_len"],
                          cap_tokens=cell["cap_tokens"], icc=cell["icc"], seed=cell["seed"])
@@ -141,7 +149,8 @@ def run_cell(cell: dict) -> dict:
 
     def run(name: str, seed: int):
         policy = make_policy(name, model=policy_model, seed=seed, history=previous, workload=workload)
-        return simulate(workload, policy, replicas, model=model, chunk_tokens=cell["chunk_tokens"],
+        return simulate(workload, policy, replicas, model=plain if name == "verl_default" else model,
+                        chunk_tokens=cell["chunk_tokens"],
                         clock=cell["clock"], round_trip_s=cell["round_trip_ms"] * 1e-3,
                         speeds=speeds)
 
@@ -191,6 +200,7 @@ def summarize(rows: list[dict], target: float) -> dict:
     overall = entry(rows)
     overall["pass"] = overall["cells_above_1"] == 0 and overall["vs_verl_geo"] <= target
     return {"per_step_model": per(lambda r: r["step_model"]), "per_replica_speeds": per(_speeds),
+            "per_drafting": per(lambda r: r.get("drafting", "none")),
             "per_replicas": per(lambda r: r["replicas"]), "overall": overall, "target": target}
 
 
@@ -208,7 +218,9 @@ def summary_lines(summary: dict) -> list[str]:
     by_speeds = [(f"speeds {name}", e) for name, e in speeds.items()] if len(speeds) > 1 else []
     by_r = summary.get("per_replicas", {})
     by_r = [(f"R={name}", e) for name, e in by_r.items()] if len(by_r) > 1 else []
-    for name, e in [*summary["per_step_model"].items(), *by_speeds, *by_r, ("all", summary["overall"])]:
+    by_drafting = summary.get("per_drafting", {})
+    by_drafting = [(f"draft {name}", e) for name, e in by_drafting.items()] if len(by_drafting) > 1 else []
+    for name, e in [*summary["per_step_model"].items(), *by_speeds, *by_r, *by_drafting, ("all", summary["overall"])]:
         lines.append(f"{name:<14} {e['cells']:>5}  {e['vs_verl_geo']:>11.3f} {e['vs_verl_worst']:>6.3f} "
                      f"{e['cells_above_1']:>3}  {e['placement_vs_verl_geo']:>12.3f}  {e['vs_t_star_geo']:>9.3f} "
                      f"{e['vs_t_star_worst']:>6.3f}  {e['vs_t_dl_geo']:>11.3f} {e['vs_t_dl_worst']:>6.3f}  "
@@ -220,7 +232,7 @@ CELL_KEY = ("step_model", "replicas", "icc", "cap_tokens", "seed", "prompts", "s
 
 
 def _cell_key(row: dict) -> tuple:
-    return (*(row[k] for k in CELL_KEY), _speeds(row))
+    return (*(row[k] for k in CELL_KEY), _speeds(row), row.get("drafting", "none"))
 
 
 def compare_lines(rows: list[dict], other_rows: list[dict]) -> list[str]:
@@ -310,12 +322,12 @@ def main(argv=None) -> int:
         plot(json.loads(Path(a.replot).read_text()), a.plot)
         print("plot:", a.plot)
         return 0
-    cells = [{"step_model": m, "replica_speeds": sp, "replicas": r, "icc": icc, "cap_tokens": cap, "seed": a.seed + k,
+    cells = [{"step_model": m, "drafting": d, "replica_speeds": sp, "replicas": r, "icc": icc, "cap_tokens": cap, "seed": a.seed + k,
               "prompts": a.prompts, "samples": a.samples, "mean_len": a.mean_len, "chunk_tokens": a.chunk_tokens,
               "verl_seeds": a.verl_seeds, "policy_model": a.policy_model, "prior_error": a.prior_error,
               "clock": not a.no_clock, **{flag: getattr(a, flag) for flag, _, _ in YARDSTICKS.values()},
               "round_trip_ms": a.round_trip_ms}
-             for sp in a.speeds_list for m in a.model_list for r in a.replica_list for icc in a.icc_list
+             for d in a.drafting_list for sp in a.speeds_list for m in a.model_list for r in a.replica_list for icc in a.icc_list
              for cap in a.cap_list for k in range(a.seeds)]
     print(f"{len(cells)} cells: {a.prompts}x{a.samples} prompts, mean {a.mean_len:.0f}, chunk {a.chunk_tokens}, "
           f"verl_default over {a.verl_seeds} seeds, policies given the {a.policy_model} step model"

@@ -45,6 +45,8 @@ ERROR = re.compile(r"(ActorDiedError|RayActorError|RayTaskError|Traceback \(most
 WATCHED = ("ray::WorkerDict", "ray::RolloutExtHttpServer", "ray::TaskRunner")
 SHUTDOWN_S = 60
 PLUGIN_MARK = "rollout_ext 0.1.0: device="
+# vLLM's periodic speculative decoding log line (vllm/v1/spec_decode/metrics.py), per replica.
+SPEC_LOG = re.compile(r"SpecDecoding metrics: .*Accepted: (?P<accepted>\d+) tokens, Drafted: (?P<drafted>\d+) tokens")
 HEARTBEAT_S = 30
 # Report fields: verl's metric names (trainer/ppo/metric_utils.py, trainer/ppo/v1/utils.py).
 METRICS = (
@@ -138,6 +140,8 @@ def train_overrides(args, data_dir: Path, router_yaml: Path) -> list[str]:
         "actor_rollout_ref.model.enable_gradient_checkpointing=False",
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
         f"{rollout}.log_prob_micro_batch_size_per_gpu={batch * args.n // args.ranks}",
+        # vLLM then logs its speculative decoding counters (the report's spec_decode).
+        f"{rollout}.disable_log_stats={not args.tail_drafting}",
         f"{rollout}.temperature=1.0",
         f"{rollout}.router_config_path={router_yaml}",
         # data and reward
@@ -210,6 +214,8 @@ def child_env(args) -> dict[str, str]:
     })
     if args.control_no_sync:
         env["VERL_USE_EXTERNAL_MODULES"] = "rollout_ext.testing.skip_weight_sync"
+    # The replicas' vLLM processes read it (Ray's workers inherit this environment).
+    env["ROLLOUT_EXT_TAIL_DRAFTING"] = "1" if args.tail_drafting else "0"
     return env
 
 
@@ -221,6 +227,7 @@ class Watch:
         self.steps_done, self.done_at = 0, 0.0
         self.error: str | None = None
         self.plugin_lines: set[str] = set()  # the plugin's status line, once per vLLM process
+        self.spec_decode = {"accepted_tokens": 0, "draft_tokens": 0}  # summed over vLLM's log lines
         self.lines: list[str] = []
         self.watched: dict[int, str] = {}
         self.lock = threading.Lock()
@@ -245,6 +252,9 @@ class Watch:
                 continue
             if PLUGIN_MARK in line:
                 self.plugin_lines.add(line.split("] ", 1)[-1].strip())
+            elif spec := SPEC_LOG.search(line):
+                self.spec_decode["accepted_tokens"] += int(spec["accepted"])
+                self.spec_decode["draft_tokens"] += int(spec["drafted"])
             elif self.error is None and ERROR.search(line):
                 self.error = line.strip()
 
@@ -416,6 +426,7 @@ def build_report(args, cmd: list[str], router: dict, steps: list[dict], watch: W
     traces = sorted(str(p) for p in args.profile_rollout.rglob("*") if p.is_file()) if args.profile_rollout else []
     return {
         "plugin_lines": sorted(watch.plugin_lines),
+        "spec_decode": watch.spec_decode,
         "rollout_traces": traces,
         "rollout_dump": str(args.workdir / "rollouts"),
         "command": " ".join(cmd),
@@ -477,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", default=str(REPO / "out/dapo_train.json"))
     parser.add_argument("--profile-rollout", metavar="DIR", type=Path,
                         help="trace step 1's rollout on replica 0 (verl's rollout profiler, torch/npu tool)")
+    parser.add_argument("--tail-drafting", action="store_true",
+                        help="replicas draft with suffix decoding in the tail (ROLLOUT_EXT_TAIL_DRAFTING=1)")
     parser.add_argument("--control-no-sync", action="store_true",
                         help="control run: no weight sync after step 1, so from step 3 on rollout_probs_diff must grow")
     args = parser.parse_args(argv)

@@ -72,6 +72,11 @@ class StepModel:
     prefill_us_per_token: float = 20.0  # compute-bound prefill / re-prefill cost per token
     max_num_seqs: int = 256  # vLLM max_num_seqs: running batch cap per replica
     kv_capacity_tokens: int = 1_000_000  # KV cache size per replica, in tokens
+    # Tail drafting (patches/tail_drafting.py): while at most `draft_tail_seqs` sequences run, a
+    # pass verifies `draft_tokens` drafts per sequence and yields `tokens_per_pass` tokens each.
+    draft_tail_seqs: int = 0  # 0: no drafting
+    draft_tokens: int = 8
+    tokens_per_pass: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("base_ms", "kv_read_ns_per_token", "per_seq_us", "prefill_us_per_token"):
@@ -81,6 +86,10 @@ class StepModel:
             raise ValueError(f"StepModel.base_ms must be > 0, got {self.base_ms}")
         if self.max_num_seqs < 1 or self.kv_capacity_tokens < 1:
             raise ValueError("StepModel.max_num_seqs and kv_capacity_tokens must be >= 1")
+        if self.draft_tail_seqs < 0 or self.draft_tokens < 0 or not 1.0 <= self.tokens_per_pass <= self.draft_tokens + 1:
+            raise ValueError(f"StepModel drafting: draft_tail_seqs {self.draft_tail_seqs} and draft_tokens "
+                             f"{self.draft_tokens} must be >= 0, tokens_per_pass {self.tokens_per_pass} in "
+                             f"[1, draft_tokens + 1]")
 
     @property
     def kv_s(self) -> float:
@@ -90,21 +99,31 @@ class StepModel:
         """Step time that does not depend on KV size."""
         return self.base_ms * 1e-3 + num_seqs * self.per_seq_us * 1e-6
 
+    def drafting(self, num_seqs: int) -> tuple[float, float]:
+        """(passes per token, verification seconds per pass) for a batch of `num_seqs`: drafting
+        runs only in the tail, where a pass also computes the drafts like prefill tokens."""
+        if 0 < num_seqs <= self.draft_tail_seqs:
+            return 1.0 / self.tokens_per_pass, self.prefill_s(num_seqs * self.draft_tokens)
+        return 1.0, 0.0
+
     def step_s(self, num_seqs: int, kv_tokens: float) -> float:
-        return self.fixed_s(num_seqs) + kv_tokens * self.kv_s
+        """Time for each of `num_seqs` sequences to gain one token (one pass without drafting)."""
+        per_token, verify_s = self.drafting(num_seqs)
+        return (self.fixed_s(num_seqs) + kv_tokens * self.kv_s + verify_s) * per_token
 
     def steps_s(self, num_seqs: int, kv_tokens: float, num_steps: int) -> float:
-        """Time of `num_steps` steps with a fixed batch; KV grows by num_seqs each step,
+        """Time of `num_steps` token steps with a fixed batch; KV grows by num_seqs each step,
         so the KV term is an arithmetic series."""
         n = num_steps
-        return n * self.step_s(num_seqs, kv_tokens) + self.kv_s * num_seqs * n * (n - 1) / 2
+        per_token, _ = self.drafting(num_seqs)
+        return n * self.step_s(num_seqs, kv_tokens) + self.kv_s * per_token * num_seqs * n * (n - 1) / 2
 
     def steps_within_s(self, num_seqs: int, kv_tokens: float, elapsed_s: float) -> int:
         """Largest n with steps_s(num_seqs, kv_tokens, n) <= elapsed_s (inverse of the series)."""
         if elapsed_s <= 0:
             return 0
         a = self.step_s(num_seqs, kv_tokens)
-        c = self.kv_s * num_seqs / 2
+        c = self.kv_s * self.drafting(num_seqs)[0] * num_seqs / 2
         if c <= 0:
             n = int(elapsed_s / a)
         else:
@@ -123,13 +142,16 @@ class StepModel:
     @property
     def lone_token_s(self) -> float:
         """tau_1: per-token time of a sequence decoding alone, KV read excluded (a floor)."""
-        return self.fixed_s(1)
+        return self.step_s(1, 0)
 
     def saturated_tokens_per_s(self, mean_context_tokens: float) -> float:
-        """X_sat: a replica's decode throughput with the batch as large as slots and KV allow."""
+        """X_sat: a replica's decode throughput with the batch as large as slots and KV allow (or
+        the largest drafting batch, where drafting makes that faster)."""
         ctx = max(1.0, mean_context_tokens)
         batch = max(1, min(self.max_num_seqs, int(self.kv_capacity_tokens // ctx)))
-        return batch / self.step_s(batch, batch * ctx)
+        best = batch / self.step_s(batch, batch * ctx)
+        tail = min(batch, self.draft_tail_seqs)
+        return max(best, tail / self.step_s(tail, tail * ctx)) if tail else best
 
 
 # The timing constants, each with its unit in seconds; the rest of a StepModel is capacity.
@@ -151,6 +173,23 @@ STEP_MODELS = {
     # the per-sequence host work (sampling, scheduling) dominates
     "per_seq_heavy": StepModel(per_seq_us=60.0, kv_read_ns_per_token=6.0),
 }
+
+
+# Tail drafting profiles (applied with `drafted`): K=8 drafts per sequence while at most 16 run.
+# `trained`: tokens per pass in the tail measured on the trained arithmetic model on real vLLM
+# replicas (bench/drafting_real.py, docs/drafting.md); `pessimistic`: 1.5, the issue's floor.
+DRAFTING = {
+    "none": None,
+    "trained": {"draft_tail_seqs": 16, "draft_tokens": 8, "tokens_per_pass": 2.5},
+    "pessimistic": {"draft_tail_seqs": 16, "draft_tokens": 8, "tokens_per_pass": 1.5},
+}
+
+
+def drafted(model: StepModel, profile: str) -> StepModel:
+    """`model` with the named DRAFTING profile (unchanged for "none")."""
+    if profile not in DRAFTING:
+        raise ValueError(f"drafting profile {profile!r}; known: {', '.join(DRAFTING)}")
+    return replace(model, **DRAFTING[profile]) if DRAFTING[profile] else model
 
 
 def token_weighted_context(lengths: np.ndarray, prompt_lens: np.ndarray) -> float:
@@ -207,7 +246,13 @@ def lone_path_s(lengths, prompt_lens, model: StepModel) -> np.ndarray:
 
 
 def lower_bound_dl_s(lengths, prompt_lens, replicas: int, model: StepModel, rel_tol: float = 1e-6) -> float:
-    """T*_dl for these sequences on `replicas` replicas (see module docstring)."""
+    """T*_dl for these sequences on `replicas` replicas (see module docstring). With drafting, every
+    decode cost is divided by tokens_per_pass and verification is free, as if every token could be
+    drafted: still a bound, loose where the batch is too large to draft."""
+    if model.draft_tail_seqs and model.tokens_per_pass > 1.0:
+        f = 1.0 / model.tokens_per_pass
+        model = replace(model, base_ms=model.base_ms * f, per_seq_us=model.per_seq_us * f,
+                        kv_read_ns_per_token=model.kv_read_ns_per_token * f, draft_tail_seqs=0)
     lengths, prompt_lens = _bound_inputs(lengths, prompt_lens, replicas)
     if lengths.size == 0:
         return 0.0

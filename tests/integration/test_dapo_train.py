@@ -3,8 +3,9 @@ real verl 0.9.1, real vLLM, through examples/dapo_train_cpu.py as users run it (
 
 One job, in a subprocess with a hard timeout (each verl/Ray start costs ~150 s on 2 cores, so the
 pass, the control and the fault share it):
-1. steps 1-2 must pass, with verl's own proof of the weight sync,
-   `training/rollout_probs_diff_max` < 1e-4 at step 2, a finite non-zero `actor/grad_norm`, the
+1. steps 1-2 must pass, with tail drafting on in the replicas (suffix drafting while few sequences
+   run: it must stay lossless), with verl's own proof of the weight sync,
+   `training/rollout_probs_diff_max` < 1e-4 at steps 1 and 2, drafts verified, a finite non-zero `actor/grad_norm`, the
    router (TailAwareRouter) told about each step's end, the plugin loaded in every process of both
    replicas, and step 1's rollout traced on replica 0 by verl's rollout profiler;
 2. control: the sync after step 2 is skipped (rollout_ext.testing.skip_weight_sync), so step 3's
@@ -70,7 +71,7 @@ def trained(repo_root, tiny_qwen2, engine_cache_env, tmp_path_factory):
     """The job, with a replica server of this run killed when step 4's rollout starts."""
     workdir = tmp_path_factory.mktemp("train")
     before = _shm()
-    cmd = _cmd(repo_root, tiny_qwen2, workdir, KILL_IN_STEP, "--control-no-sync",
+    cmd = _cmd(repo_root, tiny_qwen2, workdir, KILL_IN_STEP, "--control-no-sync", "--tail-drafting",
                "--profile-rollout", str(workdir / "traces"))
     proc = subprocess.Popen(cmd, env=_env(engine_cache_env), cwd=repo_root, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -109,7 +110,9 @@ def test_two_steps_train_and_sync_weights(trained):
         for name in ("timing_s/gen", "timing_s/old_log_prob", "timing_s/update_actor"):
             assert row[name] is not None and row[name] > 0, (name, row)
     assert steps[1]["timing_s/update_weights"] > 0, steps[1]
-    assert steps[2]["training/rollout_probs_diff_max"] < 1e-4, steps
+    assert steps[1]["training/rollout_probs_diff_max"] < 1e-4 and steps[2]["training/rollout_probs_diff_max"] < 1e-4, steps
+    # Drafting ran in the replicas (vLLM's own counters, from its log), and stayed lossless above.
+    assert trained["report"]["spec_decode"]["draft_tokens"] > 0, trained["report"]["spec_decode"]
     # Cross-epoch history: verl itself closed the router's epoch after each step.
     assert [steps[i]["router"]["epochs"] for i in (1, 2, 3)] == [1, 2, 3]
     assert steps[2]["router"]["finished"] > steps[1]["router"]["finished"] > 0
@@ -144,7 +147,7 @@ def test_plugin_loaded_in_every_replica_process(trained):
     processes = [re.search(r"\(pid (\d+), ([^)]+)\)", line).groups() for line in lines]
     assert len({pid for pid, _ in processes}) == len(lines) == 6, lines  # 2 replicas x 3 processes
     assert sorted(name for _, name in processes) == ["EngineCore"] * 2 + ["MainProcess"] * 2 + ["VllmWorker-0"] * 2
-    assert all("device=cpu" in line and "active=[rope_cache]" in line for line in lines)
+    assert all("device=cpu" in line and "active=[rope_cache,tail_drafting]" in line for line in lines)
 
 
 def test_rollout_phase_trace_appears_and_loads(trained):
