@@ -228,8 +228,9 @@ def make_client(config, router, eos_id: int = 1):
 
 
 def sampling_params(job: dict, cap: int, eos_id: int = 1) -> dict:
-    if job["length"] is None:  # arith: the model decides, from this sample's own random stream
-        return {"temperature": 1.0, "seed": job["seed"], "max_tokens": cap, "logprobs": True}
+    if job["length"] is None:  # arith: the model decides, from this sample's own random stream (if seeded)
+        seed = {"seed": job["seed"]} if job.get("seed") is not None else {}
+        return {"temperature": 1.0, **seed, "max_tokens": cap, "logprobs": True}
     return {"temperature": 0.0, "max_tokens": cap, "logprobs": True,
             "extra_args": {"eos_at_total": len(job["prompt_ids"]) + job["length"], "eos_id": eos_id}}
 

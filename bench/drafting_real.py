@@ -10,8 +10,10 @@ spread of off_again / off is the noise floor of the paired ratio.
 
 Phases: the full-batch phase ends when at most replicas x ROLLOUT_EXT_TAIL_BATCH_SEQS sequences
 still run (drafting is off above that on each replica); its time is read from the finish times.
-Every request has its own seed, and drafting keeps the sampled distribution but not the random
-stream, so a drafted arm decodes other samples of the same distribution: lengths are reported.
+Requests carry no seed: drafting keeps the sampled distribution but not the random stream, so no
+two arms could decode the same samples anyway (and vLLM 0.27.1's CPU runner fails a seeded request
+whose prefill is split across steps: "CPU Generator does not use offset"). Each run samples its
+own batch from the same distribution; lengths are reported, and off_again shows the spread.
 
     RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 .venv/bin/python bench/drafting_real.py --json out.json --plot out.png
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -83,6 +86,10 @@ def full_batch_s(finish_s: list[float], running_limit: int) -> float:
     return done[len(done) - running_limit - 1] if len(done) > running_limit else 0.0
 
 
+def jobs(b, epoch: int) -> list[dict]:
+    return [{**job, "seed": None} for job in balance_real.make_jobs(b, epoch=epoch)]
+
+
 def run_arm(a, arm: str, tmp: Path) -> dict:
     import ray
 
@@ -90,16 +97,27 @@ def run_arm(a, arm: str, tmp: Path) -> dict:
     env = {**ARMS[arm], "ROLLOUT_EXT_DRAFT_TOKENS": str(a.draft_tokens),
            "ROLLOUT_EXT_TAIL_BATCH_SEQS": str(a.tail_batch_seqs)}
     started = time.perf_counter()
-    config, manager = balance_real.start_replicas(b, env_vars=env)
+    # Replicas take their rollout_ext switches from the driver's environment (server_env_vars), as
+    # in a verl job: this arm's switches go there while its replicas start.
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        config, manager = balance_real.start_replicas(b)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     try:
         def client():
             return balance_real.make_client(config, balance_real.make_router(manager, a.policy, a.chunk_tokens,
                                                                              a.max_num_seqs, tmp))
 
         # Warm the engines (first steps compile and allocate), then the measured batch on a fresh router.
-        asyncio.run(balance_real.rollout(client(), balance_real.make_jobs(b, epoch=-99)[: 4 * a.replicas], a.cap))
+        asyncio.run(balance_real.rollout(client(), jobs(b, epoch=-99)[: 4 * a.replicas], a.cap))
         before = balance_real.spec_decode_counts(manager)
-        run = asyncio.run(balance_real.rollout(client(), balance_real.make_jobs(b, epoch=0), a.cap))
+        run = asyncio.run(balance_real.rollout(client(), jobs(b, epoch=0), a.cap))
         after = balance_real.spec_decode_counts(manager)
     finally:
         ray.shutdown()

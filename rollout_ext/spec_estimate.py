@@ -213,7 +213,8 @@ def _row(steps: dict[int, _Step], budget: int, label: str, sources: tuple[str, .
     return row
 
 
-SOURCE_SETS = {"own": ("own",), "own+siblings": ("own", "siblings"), "own+siblings+epochs": SOURCES}
+SOURCE_SETS = {"own": ("own",), "own+siblings": ("own", "siblings"), "own+epochs": ("own", "epochs"),
+               "own+siblings+epochs": SOURCES}
 
 
 def estimate(responses: list[Response], budgets=BUDGETS, tail_share: float = 0.1, progress=None) -> dict:

@@ -9,8 +9,8 @@ from rollout_ext.balance.predictor import LengthPredictor
 from rollout_ext.balance.policy import OracleLPTPolicy, RoundRobinPolicy, VerlDefaultPolicy
 from rollout_ext.balance.predictor import OraclePredictor
 from rollout_ext.balance.simulator import simulate
-from rollout_ext.balance.step_model import (STEP_MODELS, StepModel, lone_path_s, lower_bound_dl_s, lower_bound_s,
-                                            token_weighted_context)
+from rollout_ext.balance.step_model import (STEP_MODELS, StepModel, drafted, lone_path_s, lower_bound_dl_s,
+                                            lower_bound_s, token_weighted_context)
 from rollout_ext.balance.tail_aware import TailAwarePolicy
 from rollout_ext.balance.workload import WorkloadConfig, make_workload, requests_of, warm_history
 
@@ -75,6 +75,38 @@ def test_no_simulated_policy_beats_either_bound(model_name):
             assert makespan >= t_dl * (1 - 1e-9), (policy.name, replicas, makespan, t_dl)
             tightest = max(tightest, t_dl / makespan)
     assert tightest > 0.95  # the bound is not vacuous: within 5% of the best policy somewhere
+
+
+def test_drafting_changes_only_tail_steps_and_keeps_the_series_exact():
+    plain, m = StepModel(), drafted(StepModel(), "trained")
+    kv = 50_000
+    # Above the tail threshold nothing changes; at or below it a token costs a pass plus the drafts'
+    # compute, over the tokens a pass yields.
+    assert m.step_s(17, kv) == plain.step_s(17, kv)
+    assert m.step_s(16, kv) == pytest.approx((plain.step_s(16, kv) + m.prefill_s(16 * 8)) / 2.7)
+    assert m.lone_token_s < plain.lone_token_s
+    for b in (3, 16, 40):
+        direct = sum(m.step_s(b, kv + j * b) for j in range(300))
+        assert m.steps_s(b, kv, 300) == pytest.approx(direct, rel=1e-12)
+        assert m.steps_within_s(b, kv, m.steps_s(b, kv, 300) + 1e-12) == 300
+    with pytest.raises(ValueError, match="tokens_per_pass 12 in"):
+        StepModel(draft_tail_seqs=16, draft_tokens=8, tokens_per_pass=12)
+
+
+@pytest.mark.parametrize("profile", ["trained", "pessimistic"])
+def test_no_drafted_policy_beats_the_drafted_bounds_and_drafting_shortens_the_tail(profile):
+    for name in ("default", "kv_heavy"):
+        plain = BOUND_MODELS[name]
+        model = drafted(plain, profile)
+        w = make_workload(WorkloadConfig(prompts=48, samples=8, mean_tokens=1500, cap_tokens=8192, seed=4))
+        t_star = lower_bound_s(w.lengths, w.prompt_tokens, 8, model)
+        t_dl = lower_bound_dl_s(w.lengths, w.prompt_tokens, 8, model)
+        # Drafting lowers the bound itself (the control: the undrafted bound is above it).
+        assert t_star < lower_bound_s(w.lengths, w.prompt_tokens, 8, plain)
+        for policy, fresh in zip(_policies(w, model, 4), _policies(w, plain, 4)):
+            makespan = simulate(w, policy, 8, model=model, chunk_tokens=512).makespan_s
+            assert makespan >= max(t_star, t_dl) * (1 - 1e-9), (policy.name, makespan, t_star, t_dl)
+            assert makespan < simulate(w, fresh, 8, model=plain, chunk_tokens=512).makespan_s, policy.name
 
 
 def test_bound_check_catches_an_overstated_bound():
