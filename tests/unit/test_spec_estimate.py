@@ -122,4 +122,4 @@ def test_a_group_sample_keeps_whole_prompts_across_steps():
     assert len({(r.step, r.prompt) for r in sample_groups(fresh, 3)}) == 6
     calls = []
     estimate(kept, budgets=(4,), progress=lambda done, total: calls.append((done, total)))
-    assert calls[-1] == (6, 6) and len(calls) == 6  # 1 budget x 3 source sets x 2 steps
+    assert calls[-1] == (8, 8) and len(calls) == 8  # 1 budget x 4 source sets x 2 steps
