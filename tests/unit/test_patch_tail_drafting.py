@@ -27,7 +27,7 @@ def test_the_schedule_is_vllms_own_dense_lookup():
                                             vllm_num_speculative_tokens=8)[1:] == [8] * 32
 
 
-def test_engine_args_get_suffix_drafting_with_the_tail_schedule(monkeypatch):
+def test_engine_args_get_suffix_drafting_with_the_tail_schedule(monkeypatch, tiny_qwen2):
     import vllm.plugins
     from vllm.engine.arg_utils import EngineArgs
 
@@ -36,15 +36,15 @@ def test_engine_args_get_suffix_drafting_with_the_tail_schedule(monkeypatch):
     monkeypatch.setattr(vllm.plugins, "plugins_loaded", True)
     cfg = ExtConfig.from_env({"ROLLOUT_EXT_TAIL_DRAFTING": "1", "ROLLOUT_EXT_DRAFT_TOKENS": "6",
                               "ROLLOUT_EXT_TAIL_BATCH_SEQS": "3"})
-    args = EngineArgs(model="unused")
+    args = EngineArgs(model=str(tiny_qwen2))
     tail_drafting.prepare_engine_args(cfg, args)
     assert args.speculative_config == {"method": "suffix", "num_speculative_tokens": 6,
                                        "num_speculative_tokens_per_batch_size": [[1, 3, 6], [4, 1 << 20, 0]]}
     # The user's own K is kept, and the schedule follows it.
-    args = EngineArgs(model="unused", speculative_config={"method": "suffix", "num_speculative_tokens": 12})
+    args = EngineArgs(model=str(tiny_qwen2), speculative_config={"method": "suffix", "num_speculative_tokens": 12})
     tail_drafting.prepare_engine_args(cfg, args)
     assert args.speculative_config["num_speculative_tokens_per_batch_size"][0] == [1, 3, 12]
-    args = EngineArgs(model="unused", speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+    args = EngineArgs(model=str(tiny_qwen2), speculative_config={"method": "ngram", "num_speculative_tokens": 4})
     with pytest.raises(ConfigError, match="ROLLOUT_EXT_TAIL_DRAFTING=1 .* method='ngram'"):
         tail_drafting.prepare_engine_args(cfg, args)
 
