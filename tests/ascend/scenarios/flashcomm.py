@@ -2,14 +2,19 @@
 
 A decoder-MLP-shaped block built from vLLM's layer names, which vllm-ascend's registration turns
 into AscendRMSNorm (torch_npu.npu_rms_norm / npu_add_rms_norm), AscendMergedColumnParallelLinear,
-AscendSiluAndMul (npu_swiglu) and AscendRowParallelLinear, runs once unpatched and once inside a
-flashcomm Step after the plugin bound flashcomm (stack ascend-main), for token counts that TP
-divides and that it does not (1, 5, 8). Asserted: the gathered output equals the unpatched block's
-(fp32, 1e-6), the block itself reduce-scattered (2 per call) and all-gathered (2 per call, before
-the scenario gathers the result) through the Ascend linears' vLLM forward path, and the Ascend norms ran on the token shard. Revert restores
-vLLM's linear forwards. Prints "rank N: ok <json>".
+AscendSiluAndMul (npu_swiglu) and AscendRowParallelLinear, runs once unpatched and once after the
+plugin bound flashcomm (stack ascend-main), for token counts that TP divides and that it does not
+(1, 5, 8). The bound run goes through flashcomm's own model-level wrapper (`make_model_call`: its
+`plan_step` decides, its embedding wrapper shards, it gathers the result), on a one-layer model
+of the block, as it wraps Qwen2Model; the attention kernel of a real decoder layer does not run on
+the lane. Asserted: the output equals the unpatched block's (fp32, 1e-6); each call was planned as
+a sharded step, the block reduce-scattered twice and all-gathered twice through the Ascend
+linears' vLLM forward path, plus the wrapper's final gather; the Ascend norms ran on the token
+shard; a call below the token threshold is not sharded (the control). Revert restores vLLM's
+linear forwards. Prints "rank N: ok <json>".
 """
 
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -64,6 +69,21 @@ class Block(torch.nn.Module):
         return hidden
 
 
+class OneLayerModel(torch.nn.Module):
+    """The block as flashcomm sees a decoder stack: `layers`, an embedding, forward(input_ids, positions)."""
+
+    def __init__(self, block, gen):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([block])
+        self.table = torch.randn(16, HIDDEN, generator=gen)
+
+    def embed_input_ids(self, input_ids):
+        return self.table[input_ids]
+
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
+        return self.layers[0](self.embed_input_ids(input_ids))
+
+
 def worker(rank: int, port: int) -> None:
     import torch_npu
     from vllm.distributed import get_tp_group
@@ -85,9 +105,10 @@ def worker(rank: int, port: int) -> None:
         assert type(block.norms[0]) is AscendRMSNorm and type(block.act) is AscendSiluAndMul
         assert type(block.ups[0]) is AscendMergedColumnParallelLinear and block.ups[0].custom_op is None
         assert type(block.downs[0]) is AscendRowParallelLinear and block.downs[0].custom_op is None
-        inputs = [torch.randn(tokens, HIDDEN, generator=gen) for tokens in (1, 5, 8)]
+        model = OneLayerModel(block, gen)
+        ids = [torch.randint(0, 16, (tokens,), generator=gen) for tokens in (1, 5, 8)]
         start = len(torch_npu.CALLS)
-        expected = [block(x) for x in inputs]
+        expected = [model(x, torch.arange(x.shape[0])) for x in ids]
         unpatched_calls = sorted({op for op, _ in torch_npu.CALLS[start:]})
 
         assert stack() == "ascend-main", stack()
@@ -95,28 +116,33 @@ def worker(rank: int, port: int) -> None:
         applied, states = plugin.apply_patches(ExtConfig(rope_cache=False, flashcomm=True,
                                                          flashcomm_min_tokens=1, strict=False))
         assert states["flashcomm"].state == "active", states
+        # flashcomm's wrappers, as apply() puts them on Qwen2Model, put on the one-layer model.
+        signature = inspect.signature(OneLayerModel.forward)
+        OneLayerModel.embed_input_ids = flashcomm.make_embed(OneLayerModel.embed_input_ids)
+        wrapped = {threshold: flashcomm.make_model_call(torch.nn.Module.__call__, signature, threshold, (Block,))
+                   for threshold in (1, 16)}
         group = get_tp_group()
         shard_rows = []
-        for x, want in zip(inputs, expected):
+        for x, want in zip(ids, expected):
             flashcomm.reset_counts()
-            step = flashcomm.Step(group=group, num_tokens=x.shape[0])
-            flashcomm._active.step = step
             norm_rows = []
             hook = block.norms[1].register_forward_pre_hook(lambda m, a: norm_rows.append(a[0].shape[0]))
             try:
-                sharded = block(step.shard(x))
+                got = wrapped[1](model, x, torch.arange(x.shape[0]))
             finally:
-                flashcomm._active.step = None
                 hook.remove()
-            assert sharded.shape == (step.shard_rows, HIDDEN), sharded.shape
+            step = flashcomm.Step(group=group, num_tokens=x.shape[0])
             assert norm_rows == [step.shard_rows], norm_rows  # the Ascend norm ran on the shard
-            # The block's own collectives, before this scenario gathers the result: one reduce-scatter
-            # per down_proj, one all-gather per gate_up_proj.
-            block_counts = flashcomm.counts()
-            assert block_counts["reduce_scatters"] == 2 and block_counts["all_gathers"] == 2, block_counts
-            got = step.all_gather(sharded)
+            # One planned step; the block's own collectives (a reduce-scatter per down_proj, an
+            # all-gather per gate_up_proj) and the wrapper's gather of the result.
+            assert flashcomm.counts() == {"steps": 1, "reduce_scatters": 2, "all_gathers": 3}, flashcomm.counts()
+            assert flashcomm.active_step() is None
             torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
             shard_rows.append(step.shard_rows)
+        # Control: below the token threshold plan_step declines, and the block runs whole.
+        flashcomm.reset_counts()
+        torch.testing.assert_close(wrapped[16](model, ids[2], torch.arange(8)), expected[2], rtol=1e-6, atol=1e-6)
+        assert flashcomm.counts() == {"steps": 0, "reduce_scatters": 0, "all_gathers": 0}, flashcomm.counts()
 
         while applied:
             patches.load(applied.pop()).revert()
