@@ -145,10 +145,9 @@ def _tokenizer(model: str):
 
 
 # ---- replicas, router, client ---------------------------------------------------------------------
-def start_replicas(a, slow_dir: Path | None = None, env_vars: dict[str, str] | None = None):
+def start_replicas(a, slow_dir: Path | None = None):
     """verl's LLMServerManager with rollout_ext replicas of the tiny model (Ray on 127.0.0.1). With
-    `slow_dir`, the engines also load the slow-steps processor, controlled from that folder;
-    `env_vars` reach every replica process (e.g. ROLLOUT_EXT_* switches)."""
+    `slow_dir`, the engines also load the slow-steps processor, controlled from that folder."""
     from rollout_ext.testing import forced_length, slow_steps
     from rollout_ext.verl.tiny_run import compose, init_local_ray, rollout_overrides
 
@@ -166,7 +165,7 @@ def start_replicas(a, slow_dir: Path | None = None, env_vars: dict[str, str] | N
         overrides.append("+actor_rollout_ref.rollout.engine_kwargs.rollout_ext.additional_config="
                          f"{{{slow_steps.CONFIG_KEY}:'{slow_dir}'}}")
     config = compose(overrides)
-    init_local_ray(a.replicas, {**_cache_env(), **(env_vars or {})})
+    init_local_ray(a.replicas, _cache_env())
     from verl.workers.rollout.llm_server import LLMServerManager
 
     return config, LLMServerManager.create(config, worker_group=None)
@@ -193,16 +192,12 @@ def spec_decode_counts(manager) -> dict[str, int]:
     def read(_server):
         from vllm.v1.metrics.reader import get_metrics_snapshot
 
-        return {m.name: m.value for m in get_metrics_snapshot() if m.name.startswith("vllm:spec_decode_num_")
-                and hasattr(m, "value")}
+        from rollout_ext.testing.greedy import spec_decode_counts
 
-    counts = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
-    for found in ray.get([h.__ray_call__.remote(read) for h in manager.server_handles]):
-        for name, value in found.items():
-            key = name.removeprefix("vllm:spec_decode_num_")
-            if key in counts:
-                counts[key] += int(value)
-    return counts
+        return spec_decode_counts(get_metrics_snapshot())
+
+    found = ray.get([h.__ray_call__.remote(read) for h in manager.server_handles])
+    return {key: sum(counts[key] for counts in found) for key in found[0]}
 
 
 def _cache_env() -> dict[str, str]:

@@ -58,16 +58,20 @@ def _calls(func) -> list:
     return [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
 
 
+def _is_call_to(call: ast.Call, callee: str) -> bool:
+    """`call` calls `callee`, by that name or as an attribute of that name."""
+    target = call.func
+    return (isinstance(target, ast.Name) and target.id == callee) or (
+        isinstance(target, ast.Attribute) and target.attr == callee)
+
+
 def calls_named(func, callee: str) -> bool:
     """Does `func` call `callee` (by that name, or as an attribute of that name)?"""
-
-    return any((isinstance(c.func, ast.Name) and c.func.id == callee)
-               or (isinstance(c.func, ast.Attribute) and c.func.attr == callee) for c in _calls(func))
+    return any(_is_call_to(c, callee) for c in _calls(func))
 
 
 def calls_super(func, method: str) -> bool:
     """Does `func` call `super().<method>(...)`?"""
-
     return any(isinstance(c.func, ast.Attribute) and c.func.attr == method and isinstance(c.func.value, ast.Call)
                and isinstance(c.func.value.func, ast.Name) and c.func.value.func.id == "super"
                for c in _calls(func))
@@ -75,9 +79,7 @@ def calls_super(func, method: str) -> bool:
 
 def keyword_passed(func, callee: str, keyword: str) -> bool:
     """Does `func` call `callee` (as a name or an attribute) with `keyword=...`?"""
-    return any(((isinstance(c.func, ast.Name) and c.func.id == callee)
-                or (isinstance(c.func, ast.Attribute) and c.func.attr == callee))
-               and any(k.arg == keyword for k in c.keywords) for c in _calls(func))
+    return any(_is_call_to(c, callee) and any(k.arg == keyword for k in c.keywords) for c in _calls(func))
 
 
 def require_call(patch: str, func, callee: str, why: str) -> None:

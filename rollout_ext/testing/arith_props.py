@@ -142,7 +142,7 @@ def sample(model: str, problems: list[arith.Problem], samples_per_prompt: int, m
                                                    max_tokens=max_tokens), use_tqdm=False)
     greedy = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
     return ([[score(p, c) for c in out.outputs] for p, out in zip(problems, sampled)],
-            [score(p, out.outputs[0]) for p, out in zip(problems, greedy)], spec_decode_counts(llm))
+            [score(p, out.outputs[0]) for p, out in zip(problems, greedy)], spec_decode_counts(llm.get_metrics()))
 
 
 def format_table(summary: dict) -> str:

@@ -123,17 +123,18 @@ def _generate(spec: GreedySpec) -> dict:
         completion = request.outputs[0]
         tokens.append(list(completion.token_ids))
         logprobs.append([{str(t): float(lp.logprob) for t, lp in step.items()} for step in completion.logprobs])
-    result = {"tokens": tokens, "logprobs": logprobs, "spec_decode": spec_decode_counts(llm)}
+    result = {"tokens": tokens, "logprobs": logprobs, "spec_decode": spec_decode_counts(llm.get_metrics())}
     if spec.rope_counters:
         counters = _rpc(llm, "read")
         result["rope_counters"] = counters if probe_error is None else probe_error
     return result
 
 
-def spec_decode_counts(llm) -> dict[str, int]:
-    """vLLM's counters vllm:spec_decode_num_{drafts,draft_tokens,accepted_tokens}, summed over engines."""
+def spec_decode_counts(metrics) -> dict[str, int]:
+    """vLLM's counters vllm:spec_decode_num_{drafts,draft_tokens,accepted_tokens} among `metrics`
+    (`LLM.get_metrics()`, or `vllm.v1.metrics.reader.get_metrics_snapshot()` in a server), summed."""
     counts = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
-    for metric in llm.get_metrics():
+    for metric in metrics:
         name = metric.name.removeprefix("vllm:spec_decode_num_")
         if name in counts:
             counts[name] += int(metric.value)
