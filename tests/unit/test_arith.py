@@ -91,6 +91,8 @@ def test_the_build_is_deterministic_and_a_second_run_does_not_rebuild(tmp_path):
     b = build_arith_model(tmp_path / "b", seed=0, progress=lambda _: None, **SHORT)
     c = build_arith_model(tmp_path / "c", seed=1, progress=lambda _: None, **SHORT)
     assert any(line.startswith(f"step {SHORT_STEPS}/{SHORT_STEPS}") for line in lines)
+    # An untrained build says so, naming the accuracy and the floor.
+    assert any(line.startswith("WARNING: greedy accuracy 0.") and "below 0.9" in line for line in lines), lines
     assert _sha256(a / "model.safetensors") == _sha256(b / "model.safetensors")
     assert _sha256(a / "model.safetensors") != _sha256(c / "model.safetensors")  # control
     mtimes = {p.name: p.stat().st_mtime_ns for p in a.iterdir()}
