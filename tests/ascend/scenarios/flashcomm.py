@@ -112,9 +112,8 @@ def worker(rank: int, port: int) -> None:
         unpatched_calls = sorted({op for op, _ in torch_npu.CALLS[start:]})
 
         assert stack() == "ascend-main", stack()
-        # strict=False for the infrastructure only (vllm_ascend.patch.worker needs torchvision).
         applied, states = plugin.apply_patches(ExtConfig(rope_cache=False, flashcomm=True,
-                                                         flashcomm_min_tokens=1, strict=False))
+                                                         flashcomm_min_tokens=1, strict=True))
         assert states["flashcomm"].state == "active", states
         # flashcomm's wrappers, as apply() puts them on Qwen2Model, put on the one-layer model.
         signature = inspect.signature(OneLayerModel.forward)

@@ -92,8 +92,7 @@ def worker(rank: int, port: int) -> None:
             expected.append((q, k, v, attn.o_proj(shard)[0], mlp.gate_up_proj(x)[0], mlp.down_proj(inter)[0]))
 
         assert stack() == "ascend-main", stack()
-        # strict=False for the infrastructure only (vllm_ascend.patch.worker needs torchvision).
-        applied, states = plugin.apply_patches(ExtConfig(rope_cache=False, mlp_only_tp=True, strict=False))
+        applied, states = plugin.apply_patches(ExtConfig(rope_cache=False, mlp_only_tp=True, strict=True))
         assert states["mlp_only_tp"].state == "active", states
         assert "mlp_only_tp" in applied, applied
 

@@ -168,12 +168,9 @@ def worker(rank: int, port: int, tp: int, dtype_name: str, mutation: str | None 
         assert plain_calls.get("npu_mrope") == STEPS * num_layers, plain_calls
 
         assert stack() == "ascend-main", stack()
-        # strict=False for the infrastructure only: vllm_ascend.patch.worker imports torchvision,
-        # which this CPU stack cannot have (its wheels are CUDA builds), so ascend_import_order
-        # logs and stays unapplied here. Both modules must still bind.
-        cfg = ExtConfig(rope_cache=True, mc2=True, mc2_min_tokens=MIN_TOKENS, strict=False)
+        cfg = ExtConfig(rope_cache=True, mc2=True, mc2_min_tokens=MIN_TOKENS, strict=True)
         applied, states = plugin.apply_patches(cfg)
-        assert "ascend_import_order" not in applied, applied
+        assert "ascend_import_order" in applied, applied
         assert {n: s.state for n, s in states.items() if s.state != "off"} == {
             "rope_cache": "active", "mc2": "active"}, states
         assert "rope_cache_ascend" in applied and "mc2_ascend" in applied, applied

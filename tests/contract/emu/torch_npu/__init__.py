@@ -93,6 +93,27 @@ def _create_hccl_backend(store, rank, size, timeout):
 dist.Backend.register_backend("hccl", _create_hccl_backend, devices=["npu"])
 
 
+class _HcclOptions(torch._C._distributed_c10d.Backend.Options):
+    """torch_npu._C._distributed_c10d.ProcessGroupHCCL.Options: the fields torch_npu binds
+    (op_timeout, is_high_priority_stream, global_ranks_in_group, hccl_config, group_id) on the base
+    Backend.Options, with backend "hccl". The emulated backend is gloo underneath and reads none of
+    them; vllm-ascend's GroupCoordinator builds one per group before creating it."""
+
+    def __init__(self):
+        super().__init__("hccl")
+        self.op_timeout = self._timeout
+        self.is_high_priority_stream = False
+        self.global_ranks_in_group = []
+        self.hccl_config = {}
+        self.group_id = ""
+
+
+_distributed_c10d = Namespace("torch_npu._C._distributed_c10d")
+_distributed_c10d.ProcessGroupHCCL = type("ProcessGroupHCCL", (EmulatedHcclBackend,), {"Options": _HcclOptions})
+_C._distributed_c10d = _distributed_c10d
+_sys.modules["torch_npu._C._distributed_c10d"] = _distributed_c10d
+
+
 # ---- npu_apply_rotary_pos_emb (aclnnApplyRotaryPosEmb, documented formula) ----
 def _rotate_half(x):
     first, second = torch.chunk(x, 2, dim=-1)

@@ -33,6 +33,16 @@ def synchronize(_device=None) -> None:
     return None
 
 
+def _is_in_bad_fork() -> bool:
+    # torch.manual_seed asks the PrivateUse1 module before seeding its devices.
+    return False
+
+
+def manual_seed_all(_seed: int) -> None:
+    # No device generators: the emulated "npu" tensors live on the host, seeded by torch's CPU generator.
+    return None
+
+
 def __getattr__(name: str):
     if name.startswith("__"):
         raise AttributeError(name)
