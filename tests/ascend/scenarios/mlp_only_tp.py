@@ -54,9 +54,7 @@ def hf_weights(config, seed: int) -> dict[str, torch.Tensor]:
 
 
 def loaded(vllm_config, weights):
-    model = lane.build(vllm_config, seed=0)
-    model.load_weights(iter(weights.items()))
-    return model
+    return lane.build(vllm_config, weights=weights)
 
 
 def worker(rank: int, port: int) -> None:

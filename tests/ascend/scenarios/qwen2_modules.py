@@ -180,7 +180,7 @@ def worker(rank: int, port: int, tp: int, dtype_name: str, mutation: str | None 
         rope_cache.reset_counters()
         mc2_row_parallel.reset_counts()
         lane.fresh_model_state(vllm_config)  # the per-step cos/sin buffers too: NaN
-        patched = lane.build(vllm_config, weights=plain.state_dict())
+        patched = lane.build(vllm_config, seed=0)  # the same checkpoint, loaded again
         patched_biased = build_biased(vllm_config, weights=plain_biased.state_dict())
         got, patched_calls, log, buffers = run_steps(
             patched, patched_biased, model_runner_v1, torch.Generator().manual_seed(1 + rank), dtype)
