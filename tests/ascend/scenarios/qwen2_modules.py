@@ -2,7 +2,8 @@
 rope_cache and mc2 bound to the Ascend classes. Run: qwen2_modules.py PORT TP DTYPE [MUTATION].
 
 On every rank:
-1. vllm-ascend registers its ops as its NPUWorker does; the model's rotary is AscendRotaryEmbedding,
+1. vllm-ascend registers its ops as its NPUWorker does, and the model is loaded as its
+   NPUModelRunner loads it (vLLM's get_model, vllm-ascend's weight post-processing); the model's rotary is AscendRotaryEmbedding,
    its o_proj and down_proj AscendRowParallelLinear, its norms AscendRMSNorm. Beside the model, one
    AscendRowParallelLinear with a bias (Qwen2's row-parallel layers have none).
 2. Unpatched, two steps as NPUModelRunner runs them, each at its own positions:
@@ -11,8 +12,8 @@ On every rank:
    tensor, as Qwen2Attention.forward splits them) and every layer's o_proj and down_proj at
    prefill size and at decode size, then the biased layer at both sizes.
 3. The plugin binds the modules (stack detection must say ascend-main), the lane's fresh model
-   state wipes vllm-ascend's per-step cos/sin buffers (NaN: nothing gathered), a second model is built
-   with the first one's weights, and the same two steps run again. Asserted:
+   state wipes vllm-ascend's per-step cos/sin buffers (NaN: nothing gathered), a second model is loaded
+   from the same checkpoint, and the same two steps run again. Asserted:
    - rope: after each step's update_cos_sin, vllm-ascend's `_cos`/`_sin` hold that step's rows
      (what its gather writes, compared with the unpatched run's); zero per-layer gathers,
      npu_apply_rotary_pos_emb once per layer and step, npu_mrope never; outputs equal the unpatched
