@@ -54,10 +54,15 @@ class Module(msgspec.Struct, frozen=True, kw_only=True):
         return f"ROLLOUT_EXT_{self.name.upper()}"
 
 
+# Every module patch that changes the compiled graph also wraps this, so that vLLM's compile cache
+# keys differ with the patch set (patches/_compile_key.py).
+COMMON_HOOKS: tuple[str, ...] = ("vllm.config.VllmConfig.compute_hash",)
+
 _ASCEND_ROPE = Binding(
     patch="rope_cache_ascend",
     hooks=(
         "vllm_ascend.ops.rotary_embedding.AscendRotaryEmbedding.forward_oot",
+        "vllm_ascend.ops.rotary_embedding.AscendRotaryEmbedding.__init__",
         "vllm_ascend.worker.model_runner_v1.update_cos_sin (called by NPUModelRunner.execute_model)",
     ),
 )
@@ -117,6 +122,8 @@ MODULES: tuple[Module, ...] = (
                 hooks=(
                     "vllm.model_executor.models.qwen2.Qwen2Model.__call__",
                     "vllm.model_executor.models.llama.LlamaModel.__call__",
+                    "vllm.model_executor.models.qwen2.Qwen2Model.embed_input_ids",
+                    "vllm.model_executor.models.llama.LlamaModel.embed_input_ids",
                     "vllm.model_executor.layers.linear.ColumnParallelLinear.forward",
                     "vllm.model_executor.layers.linear.RowParallelLinear.forward",
                 ),
@@ -129,6 +136,8 @@ MODULES: tuple[Module, ...] = (
                 hooks=(
                     "vllm.model_executor.models.qwen2.Qwen2Model.__call__",
                     "vllm.model_executor.models.llama.LlamaModel.__call__",
+                    "vllm.model_executor.models.qwen2.Qwen2Model.embed_input_ids",
+                    "vllm.model_executor.models.llama.LlamaModel.embed_input_ids",
                     "vllm.model_executor.layers.linear.ColumnParallelLinear.forward (reached from "
                     "AscendColumnParallelLinear/AscendMergedColumnParallelLinear/AscendQKVParallelLinear.forward)",
                     "vllm.model_executor.layers.linear.RowParallelLinear.forward (reached from "
