@@ -394,11 +394,15 @@ def test_the_policy_finds_the_slowed_replica_and_only_it(report):
     assert set(evidence) == set(learned) and all(e["intervals"] > 0 for e in evidence.values()), evidence
     ratio = {rid: e["elapsed_s"] / e["model_s"] for rid, e in evidence.items()}
     assert all(ratio[slow] > 3 * r for rid, r in ratio.items() if rid != slow), evidence
-    # The control: the same batch on equal replicas finds no replica that slow. Runs here: 1.11, 1.0,
-    # 1.07, 1.33, 1.14, 1.08 (1.33: a 2.15x ratio); the two engines share two cores unevenly, and the
-    # evidence is a few dozen intervals. 1.6 is a 3.1x ratio.
+    # The control: the same batch on equal replicas. The criterion above (one replica's time per
+    # model step over 3x another's) does not fire, and no replica is learned as slow as the slowed one.
+    # Learned speeds on equal replicas, runs here: 1.11, 1.0, 1.07, 1.33, 1.14, 1.08 (1.33: a 2.15x
+    # ratio; the two engines share two cores unevenly, and the evidence is a few dozen intervals).
+    equal_evidence = report["speeds_equal_status"]["policy"]["replica_speed_evidence"]
+    equal_ratio = [e["elapsed_s"] / e["model_s"] for e in equal_evidence.values()]
+    assert len(equal_ratio) == len(report["servers"]) and max(equal_ratio) < 3 * min(equal_ratio), equal_evidence
     equal = report["speeds_equal_status"]["policy"]["replica_slowdown"]
-    assert set(equal) == set(report["servers"]) and max(equal.values()) < 1.6, equal
+    assert set(equal) == set(report["servers"]) and max(equal.values()) < learned[slow], (equal, learned)
 
 
 def test_killed_replica_loses_and_duplicates_nothing(report):

@@ -182,12 +182,6 @@ def test_tail_aware_parks_then_places_longest_first():
     assert policy.acquire("mid", 0) == "a"  # a parked request learns its replica on retry
 
 
-def test_tail_aware_config_rejects_a_dropped_knob():
-    # The variants measured and dropped (docs/router.md) are gone, not silently ignored.
-    with pytest.raises(TypeError, match="placement"):
-        TailAwareConfig(placement="finish")
-
-
 @settings(max_examples=8, deadline=None)
 @given(name=st.sampled_from(NAMES), replicas=st.integers(1, 4), seed=st.integers(0, 5))
 def test_move_accounting_and_start_times(name, replicas, seed):
