@@ -213,7 +213,10 @@ def child_env(args) -> dict[str, str]:
         "TOKENIZERS_PARALLELISM": "false",
     })
     if args.control_no_sync:
-        env["VERL_USE_EXTERNAL_MODULES"] = "rollout_ext.testing.skip_weight_sync"
+        # A test-only patch of verl, kept under tests/: every verl process imports it by name.
+        support = Path(__file__).resolve().parents[1] / "tests" / "support"
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(support), env.get("PYTHONPATH", "")) if p)
+        env["VERL_USE_EXTERNAL_MODULES"] = "skip_weight_sync"
     # The replicas' vLLM processes read it (Ray's workers inherit this environment).
     env["ROLLOUT_EXT_TAIL_DRAFTING"] = "1" if args.tail_drafting else "0"
     return env

@@ -8,7 +8,7 @@ pass, the control and the fault share it):
    `training/rollout_probs_diff_max` < 1e-4 at steps 1 and 2, drafts verified, a finite non-zero `actor/grad_norm`, the
    router (TailAwareRouter) told about each step's end, the plugin loaded in every process of both
    replicas, and step 1's rollout traced on replica 0 by verl's rollout profiler;
-2. control: the sync after step 2 is skipped (rollout_ext.testing.skip_weight_sync), so step 3's
+2. control: the sync after step 2 is skipped (tests/support/skip_weight_sync.py), so step 3's
    rollout runs on step 1's weights and its rollout_probs_diff_max must exceed 0.1 (the check
    can fail);
 3. fault: a replica is killed during step 4's rollout, and the job must end non-zero within 60 s,

@@ -1,9 +1,9 @@
 """Control for the training tests: the sync trainer stops syncing weights after step 1.
 
 Loaded only on request, through verl's own external-module hook in every verl process:
-VERL_USE_EXTERNAL_MODULES=rollout_ext.testing.skip_weight_sync (examples/dapo_train_cpu.py
---control-no-sync sets it). Importing it schedules the change; it is not part of rollout_ext's
-patch registry, and no product path imports it. The sync after step 1 still runs, so step 2's
+VERL_USE_EXTERNAL_MODULES=skip_weight_sync with tests/support on PYTHONPATH (examples/dapo_train_cpu.py
+--control-no-sync sets both). Importing it schedules the change; it lives under tests/, outside the
+package, and no product path imports it. The sync after step 1 still runs, so step 2's
 rollout proves the sync works (verl's `training/rollout_probs_diff_max` ~1e-6). Every later sync
 is skipped: from step 3 on, the replicas keep step 1's weights while the actor has moved on, so
 that same check must then grow, which proves it can fail. One job shows both sides.
