@@ -70,12 +70,13 @@ def arith_hash(seed: int, steps: int) -> str:
 
 
 def build_arith_model(out_dir: str | os.PathLike | None = None, seed: int = 0, progress=print,
-                      steps: int = TRAIN_STEPS, eval_per_operand_count: int = EVAL_PER_OPERAND_COUNT) -> Path:
+                      steps: int = TRAIN_STEPS, eval_per_operand_count: int = EVAL_PER_OPERAND_COUNT,
+                      eval_max_new_tokens: int = EVAL_MAX_NEW_TOKENS) -> Path:
     """Trains and writes the checkpoint plus train_report.json; a no-op if out_dir already has it.
 
     steps below TRAIN_STEPS give an untrained but valid checkpoint quickly (for tests); a small
-    eval_per_operand_count keeps its evaluation short too (an untrained model never stops, so each
-    held-out group decodes to EVAL_MAX_NEW_TOKENS).
+    eval_per_operand_count and eval_max_new_tokens keep its evaluation short too (an untrained model
+    never stops, so each held-out group decodes to eval_max_new_tokens).
     """
     import torch
 
@@ -95,7 +96,8 @@ def build_arith_model(out_dir: str | os.PathLike | None = None, seed: int = 0, p
     try:
         model = _new_model(config, seed)
         train_stats = _train(model, char_ids(tokenizer), seed, steps, progress)
-        accuracy = evaluate(model, char_ids(tokenizer), special_ids[EOS_TOKEN], eval_per_operand_count)
+        accuracy = evaluate(model, char_ids(tokenizer), special_ids[EOS_TOKEN], eval_per_operand_count,
+                            eval_max_new_tokens)
     finally:
         torch.set_num_threads(previous_threads)
     progress(f"greedy accuracy {accuracy['overall']:.3f}; by operand count "
@@ -238,7 +240,8 @@ def _lr_scale(step: int, steps: int) -> float:
     return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def evaluate(model, ids: dict[str, int], eos_id: int, per_operand_count: int = EVAL_PER_OPERAND_COUNT) -> dict:
+def evaluate(model, ids: dict[str, int], eos_id: int, per_operand_count: int = EVAL_PER_OPERAND_COUNT,
+             max_new_tokens: int = EVAL_MAX_NEW_TOKENS) -> dict:
     """Greedy exact-answer accuracy on a fixed held-out set, overall and by operand count."""
     chars = {token_id: char for char, token_id in ids.items()}
     by_count = {}
@@ -250,7 +253,7 @@ def evaluate(model, ids: dict[str, int], eos_id: int, per_operand_count: int = E
             groups.setdefault(len(problem.prompt), []).append(problem)
         correct = 0
         for group in groups.values():
-            outputs = greedy(model, [[ids[c] for c in p.prompt] for p in group], eos_id)
+            outputs = greedy(model, [[ids[c] for c in p.prompt] for p in group], eos_id, max_new_tokens)
             texts = ["".join(chars.get(t, "") for t in output) for output in outputs]
             correct += sum(arith.is_correct(text, p.answer) for text, p in zip(texts, group))
         by_count[count] = correct / len(held_out)

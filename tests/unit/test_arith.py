@@ -8,10 +8,10 @@ import pytest
 from rollout_ext.testing import arith, arith_props
 from rollout_ext.testing.arith_model import build_arith_model, build_tokenizer, char_ids
 
-# A few optimizer steps and one held-out problem per operand count: a valid, untrained checkpoint
-# in seconds.
+# A few optimizer steps, one held-out problem per operand count and short answers: a valid,
+# untrained checkpoint in seconds.
 SHORT_STEPS = 20
-SHORT = {"steps": SHORT_STEPS, "eval_per_operand_count": 1}
+SHORT = {"steps": SHORT_STEPS, "eval_per_operand_count": 1, "eval_max_new_tokens": 32}
 
 
 def test_problems_are_seeded_and_keep_running_values_in_range():
