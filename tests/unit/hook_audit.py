@@ -66,6 +66,19 @@ def resolve(hook: str) -> str | None:
     return None
 
 
+def run(*args: str) -> dict:
+    """This audit in a fresh process (patches applied here cannot be undone for the caller)."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_EXT_")}
+    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2], env={**env, "VLLM_PLUGINS": ""})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("HOOKS "))
+    return json.loads(line.removeprefix("HOOKS "))
+
+
 def main(argv: list[str]) -> int:
     stack = "vllm"
     if "--ascend" in argv:  # vllm-ascend main's source under the lane's emulation

@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
-AUDIT = Path(__file__).resolve().parent / "hook_audit.py"
-
-
-def audit(*args: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_EXT_")}
-    proc = subprocess.run([sys.executable, str(AUDIT), *args], capture_output=True, text=True, timeout=300,
-                          env={**env, "VLLM_PLUGINS": ""})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("HOOKS "))
-    return json.loads(line.removeprefix("HOOKS "))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hook_audit import run as audit  # noqa: E402
 
 
 def test_every_swap_on_stock_vllm_is_in_the_record_and_an_unlisted_one_fails():
