@@ -6,6 +6,9 @@ passes proves the patch is what makes rollout_ext behave like vllm.
 
 from __future__ import annotations
 
+import importlib
+from contextlib import contextmanager
+
 import pytest
 
 import verl  # noqa: E402,F401
@@ -13,6 +16,19 @@ import verl  # noqa: E402,F401
 import rollout_ext.verl  # noqa: E402,F401  (registers, in case entry-point plugins are off)
 from rollout_ext import patches  # noqa: E402
 from rollout_ext.patches._verl import VerlPatchError, check_target  # noqa: E402
+
+
+@contextmanager
+def reverted(name: str):
+    """Patch `name` undone inside. Its verl target is imported first: a verl-side patch is applied
+    when verl imports that module, so reverting before the import would undo nothing."""
+    importlib.import_module(patches.PATCHES[name].target)
+    patch = patches.load(name)
+    patch.revert()
+    try:
+        yield
+    finally:
+        patch.apply()
 
 
 def rollout_config(name: str, **fields):
@@ -41,12 +57,8 @@ def test_pipeline_parallel_rejected_like_vllm(name):
 
 
 def test_pipeline_parallel_check_comes_from_the_patch():
-    patch = patches.load("verl_rollout_config_checks")
-    patch.revert()
-    try:
+    with reverted("verl_rollout_config_checks"):
         rollout_config("rollout_ext", pipeline_model_parallel_size=2)  # verl alone lets it through
-    finally:
-        patch.apply()
 
 
 @pytest.mark.parametrize("name", ["vllm", "rollout_ext"])
@@ -56,13 +68,8 @@ def test_pd_disaggregation_accepted_like_vllm(name):
 
 
 def test_pd_disaggregation_rejected_without_the_patch():
-    patch = patches.load("verl_rollout_config_checks")
-    patch.revert()
-    try:
-        with pytest.raises(ValueError, match="disaggregation"):
-            rollout_config("rollout_ext", disaggregation={"enabled": True})
-    finally:
-        patch.apply()
+    with reverted("verl_rollout_config_checks"), pytest.raises(ValueError, match="disaggregation"):
+        rollout_config("rollout_ext", disaggregation={"enabled": True})
 
 
 def test_priority_client_sees_vllm_and_leaves_the_trainer_config_alone():
@@ -74,11 +81,8 @@ def test_priority_client_sees_vllm_and_leaves_the_trainer_config_alone():
     client = LLMServerClient(config, load_balancer_handle=None)
     assert client.config.actor_rollout_ref.rollout.name == "vllm"
     assert config.actor_rollout_ref.rollout.name == "rollout_ext"
-    patches.load("verl_client_priority").revert()
-    try:
+    with reverted("verl_client_priority"):
         assert LLMServerClient(config).config.actor_rollout_ref.rollout.name == "rollout_ext"
-    finally:
-        patches.load("verl_client_priority").apply()
 
 
 def test_patches_apply_idempotently_and_revert_cleanly():
