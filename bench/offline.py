@@ -46,7 +46,7 @@ MODULE_SWITCHES = {m.name: m.switch for m in module_table.MODULES}
 # Named sets of modules. flashcomm is left out of `all`: it conflicts with mc2 and mlp_only_tp.
 PRESETS = {"off": (), "all": ("rope_cache", "mc2", "mlp_only_tp")}
 NPU_ONLY_MODULES = {m.name for m in module_table.MODULES if m.npu_only}
-THRESHOLD_SWITCHES = ("ROLLOUT_EXT_MC2_MIN_TOKENS", "ROLLOUT_EXT_FLASHCOMM_MIN_TOKENS")
+THRESHOLD_SWITCHES = tuple(s.variable for s in module_table.settings() if s.min_tokens)
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 KV_CACHE_BYTES = 256 * 2**20  # the default gpu_memory_utilization sizing fails on CPU
 WARMUP_PROMPTS, WARMUP_MAX_TOKENS = 2, 8

@@ -8,8 +8,8 @@ who applies them:
   (rollout_ext.modules) names for this process's stack;
 - verl side: `apply_verl()` (called by the verl plugin, rollout_ext.verl) applies each patch right
   after verl imports its `target`, so registering imports neither vLLM nor verl's workers early.
-A patch's apply() returns False when it has nothing to do in this process (e.g. the CPU patches off
-CPU). `revert_all()` undoes every applied patch of both sides.
+A patch's apply(cfg) returns the state it leaves this process in (rollout_ext.modules): ACTIVE when
+it is in place, INERT when it has nothing to do here (e.g. the CPU patches off CPU). `revert_all()` undoes every applied patch of both sides.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import logging
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from rollout_ext.modules import ACTIVE
 from rollout_ext.platform import vllm_version
 
 logger = logging.getLogger("rollout_ext")
@@ -90,9 +91,9 @@ class Wrap:
     def applied(self) -> bool:
         return self._swaps.applied
 
-    def apply(self, cfg=None) -> bool:
+    def apply(self, cfg=None) -> str:
         if self._swaps.applied:
-            return True
+            return ACTIVE
         holder = importlib.import_module(self.owner)
         *path, leaf = self.attr.split(".")
         for part in path:
@@ -100,7 +101,7 @@ class Wrap:
         original = getattr(holder, leaf)
         self.guard(self.name, original)
         self._swaps.replace(holder, leaf, functools.wraps(original)(self.make(original)))
-        return True
+        return ACTIVE
 
     def revert(self) -> None:
         self._swaps.revert()

@@ -17,6 +17,7 @@ import importlib
 import importlib.util
 import logging
 
+from rollout_ext.modules import ACTIVE, INERT
 from rollout_ext.patches._base import PatchError
 
 NAME = "ascend_import_order"
@@ -33,10 +34,13 @@ def _importable(module: str) -> bool:
         return False
 
 
-def apply(cfg=None) -> list[str]:
-    """Import vllm-ascend's patch modules, platform first; return what was imported."""
-    if _imported or not _importable("vllm_ascend"):
-        return list(_imported)
+def apply(cfg=None) -> str:
+    """Import vllm-ascend's patch modules, platform first (`imported()` lists them). Inert where
+    vllm_ascend is not importable."""
+    if _imported:
+        return ACTIVE
+    if not _importable("vllm_ascend"):
+        return INERT
     for module in ASCEND_PATCH_MODULES:
         if _importable(module):
             try:
@@ -48,7 +52,7 @@ def apply(cfg=None) -> list[str]:
         else:
             logger.warning("rollout_ext: vllm_ascend is installed but has no %s; skipped", module)
     logger.info("rollout_ext %s: imported %s first", NAME, ", ".join(_imported) or "nothing")
-    return list(_imported)
+    return ACTIVE
 
 
 def revert() -> None:

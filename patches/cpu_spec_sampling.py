@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from rollout_ext.modules import ACTIVE, INERT
 from rollout_ext.patches._base import Swaps, require_signature, require_vllm
 
 NAME = "cpu_spec_sampling"
@@ -38,14 +39,14 @@ def expand(output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: torch.T
     output[:total] = torch.repeat_interleave(values, counts).to(output.dtype)
 
 
-def apply(cfg=None) -> bool:
-    """Patch on the CPU platform; True when the patch is in place."""
+def apply(cfg=None) -> str:
+    """Patch on the CPU platform; INERT elsewhere."""
     if _swaps.applied:
-        return True
+        return ACTIVE
     from rollout_ext.platform import device_type
 
     if device_type() != "cpu":
-        return False
+        return INERT
     require_vllm(NAME)
     from vllm.utils import cpu_triton_utils
 
@@ -58,7 +59,7 @@ def apply(cfg=None) -> bool:
         return expand(output, input_val, cu_num_tokens, replace_from, replace_to)
 
     _swaps.replace(cpu_triton_utils, "expand_kernel", cpu_triton_utils._FuncWrapper(expand_kernel_impl))
-    return True
+    return ACTIVE
 
 
 def revert() -> None:

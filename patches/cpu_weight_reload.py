@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import logging
 
+from rollout_ext.modules import ACTIVE, INERT
 from rollout_ext.patches._base import Swaps, require_signature, require_vllm
 
 NAME = "cpu_weight_reload"
@@ -35,12 +36,12 @@ def wanted(cfg) -> bool:
     return cfg.weight_sync and device_type() == "cpu"
 
 
-def apply(cfg) -> bool:
-    """Patch when `wanted(cfg)`; True when the patch is in place."""
+def apply(cfg) -> str:
+    """Patch when `wanted(cfg)`; INERT otherwise."""
     if _swaps.applied:
-        return True
+        return ACTIVE
     if not wanted(cfg):
-        return False
+        return INERT
     require_vllm(NAME)
     from vllm.model_executor.layers import utils as layer_utils
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
@@ -56,7 +57,7 @@ def apply(cfg) -> bool:
 
     _swaps.replace(UnquantizedLinearMethod, "process_weights_after_loading", process_weights_after_loading)
     logger.info("rollout_ext %s: CPU linear layers keep their weights for weight sync", NAME)
-    return True
+    return ACTIVE
 
 
 def revert() -> None:

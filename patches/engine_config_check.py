@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 
+from rollout_ext.modules import ACTIVE
 from rollout_ext.patches._base import Swaps, require_signature, require_vllm
 
 NAME = "engine_config_check"
@@ -64,9 +65,9 @@ def prepare_engine_args(cfg, engine_args) -> None:
             prepare(cfg, engine_args)
 
 
-def apply(cfg) -> None:
+def apply(cfg) -> str:
     if _swaps.applied:
-        return
+        return ACTIVE
     require_vllm(NAME)
     from vllm.engine.arg_utils import EngineArgs
 
@@ -81,6 +82,7 @@ def apply(cfg) -> None:
         return vllm_config
 
     _swaps.replace(EngineArgs, "create_engine_config", create_engine_config)
+    return ACTIVE
 
 
 def revert() -> None:

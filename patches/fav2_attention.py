@@ -33,6 +33,7 @@ import functools
 import importlib.util
 import logging
 
+from rollout_ext.modules import ACTIVE
 from rollout_ext.patches._ascend import require_hook
 from rollout_ext.patches._base import PatchError, Swaps, require_signature, require_vllm
 
@@ -91,9 +92,9 @@ def _fav2_prefill(original):
     return prefill
 
 
-def apply(cfg) -> None:
+def apply(cfg) -> str:
     if _swaps.applied:
-        return
+        return ACTIVE
     require_vllm(NAME)
     require_npu()
     original = require_hook(NAME, ASCEND_ATTENTION, f"{ASCEND_IMPL}.{PREFILL_METHOD}")
@@ -101,6 +102,7 @@ def apply(cfg) -> None:
     impl = require_hook(NAME, ASCEND_ATTENTION, ASCEND_IMPL)
     _swaps.replace(impl, PREFILL_METHOD, _fav2_prefill(original))
     logger.info("rollout_ext %s: %s.%s routed to ATB FAV2", NAME, ASCEND_IMPL, PREFILL_METHOD)
+    return ACTIVE
 
 
 def revert() -> None:

@@ -44,21 +44,22 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import threading
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from rollout_ext.modules import ACTIVE
 from rollout_ext.patches._ascend import require_vllm_linear_forward
 from rollout_ext.patches._base import PatchError, Swaps, require_signature, require_vllm
 from rollout_ext.patches._compile_key import add_compile_key
+from rollout_ext.patches._context import get_context, reset_context, step_context
+from rollout_ext.patches._counters import Counters
 
 NAME = "flashcomm"
 logger = logging.getLogger("vllm.rollout_ext")
 _swaps = Swaps(NAME)
-_counts = {"steps": 0, "reduce_scatters": 0, "all_gathers": 0}
-_counts_lock = threading.Lock()
+COUNTERS = Counters("steps", "reduce_scatters", "all_gathers")
 
 
 def padded_rows(num_tokens: int, tp_size: int) -> int:
@@ -98,48 +99,24 @@ class Step:
 
     def reduce_scatter(self, partial: torch.Tensor) -> torch.Tensor:
         """Sum of every rank's partial [T, ...] result, keeping only this rank's rows."""
-        _count("reduce_scatters")
+        COUNTERS.add("reduce_scatters")
         return self.group.reduce_scatter(pad_rows(partial, self.rows), dim=0)
 
     def all_gather(self, shard: torch.Tensor) -> torch.Tensor:
         """Every rank's rows, concatenated and unpadded back to [T, ...]."""
-        _count("all_gathers")
+        COUNTERS.add("all_gathers")
         return self.group.all_gather(shard, dim=0)[: self.num_tokens]
 
 
-class _Active:
-    """The running flashcomm step, if any. A plain object (not threading.local) because dynamo
-    traces the layer wrappers and must be able to read it; vLLM runs a model on one thread."""
-
-    step: Step | None = None
-
-
-_active = _Active()
-
-
 def active_step() -> Step | None:
-    return _active.step
-
-
-def counts() -> dict[str, int]:
-    with _counts_lock:
-        return dict(_counts)
-
-
-def reset_counts() -> None:
-    with _counts_lock:
-        _counts.update(steps=0, reduce_scatters=0, all_gathers=0)
-
-
-def _count(key: str) -> None:
-    with _counts_lock:
-        _counts[key] += 1
+    """The running flashcomm step, if any (the step context's `flashcomm_step`)."""
+    return get_context().flashcomm_step
 
 
 def _log_step(step: Step) -> None:
-    with _counts_lock:
-        _counts["steps"] += 1
-        steps, scatters = _counts["steps"], _counts["reduce_scatters"]
+    COUNTERS.add("steps")
+    counts = COUNTERS.read()
+    steps, scatters = counts["steps"], counts["reduce_scatters"]
     # Powers of two: proof in the log that it keeps running, without a line per step.
     if steps & (steps - 1) == 0:
         logger.info(
@@ -189,15 +166,12 @@ def make_model_call(original_call, forward_signature: inspect.Signature, min_tok
     @functools.wraps(original_call)
     def __call__(self, *args, **kwargs):
         step = None
-        if _active.step is None:
+        if get_context().flashcomm_step is None:
             step = plan_step(self, forward_signature.bind(self, *args, **kwargs), min_tokens, layer_types)
         if step is None:
             return original_call(self, *args, **kwargs)
-        _active.step = step
-        try:
+        with step_context(flashcomm_step=step):
             sharded = _run_eager(original_call, self, args, kwargs)
-        finally:
-            _active.step = None
         _log_step(step)
         return step.all_gather(sharded)
 
@@ -208,7 +182,7 @@ def make_embed(original):
     @functools.wraps(original)
     def embed_input_ids(self, input_ids):
         full = original(self, input_ids)
-        step = _active.step
+        step = get_context().flashcomm_step
         return full if step is None else step.shard(full)
 
     return embed_input_ids
@@ -217,7 +191,7 @@ def make_embed(original):
 def make_column_forward(original):
     @functools.wraps(original)
     def forward(self, input_):
-        step = _active.step
+        step = get_context().flashcomm_step
         if step is not None:
             input_ = step.all_gather(input_)
         return original(self, input_)
@@ -228,7 +202,7 @@ def make_column_forward(original):
 def make_row_forward(original):
     @functools.wraps(original)
     def forward(self, input_):
-        step = _active.step
+        step = get_context().flashcomm_step
         if step is None or not (self.reduce_results and self.tp_size > 1 and self.input_is_parallel):
             return original(self, input_)
         # The reduction sums the bias, so only rank 0 adds it (as vLLM does).
@@ -262,9 +236,9 @@ def check_upstream(models: list[type], column_cls: type, row_cls: type) -> None:
         raise PatchError(f"rollout_ext patch {NAME!r}: vLLM's ForwardContext has no skip_compiled")
 
 
-def apply(cfg) -> None:
+def apply(cfg) -> str:
     if _swaps.applied:
-        return
+        return ACTIVE
     require_vllm(NAME)
     from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
     from vllm.model_executor.models.llama import LlamaDecoderLayer, LlamaModel
@@ -283,8 +257,9 @@ def apply(cfg) -> None:
     _swaps.replace(ColumnParallelLinear, "forward", make_column_forward(ColumnParallelLinear.forward))
     _swaps.replace(RowParallelLinear, "forward", make_row_forward(RowParallelLinear.forward))
     add_compile_key(NAME, _swaps, f"min_tokens={min_tokens}")
+    return ACTIVE
 
 
 def revert() -> None:
     _swaps.revert()
-    _active.step = None
+    reset_context("flashcomm_step")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 
+from rollout_ext.modules import ACTIVE
 from rollout_ext.patches import mc2_row_parallel as mc2
 from rollout_ext.patches._ascend import require_hook, require_own, require_params
 from rollout_ext.patches._base import Swaps, require_vllm
@@ -68,15 +69,16 @@ def check_upstream():
     return layer_cls
 
 
-def apply(cfg) -> None:
+def apply(cfg) -> str:
     if _swaps.applied:
-        return
+        return ACTIVE
     require_vllm(NAME)
     layer_cls = check_upstream()
     mc2.enable(cfg.mc2_min_tokens)
     _swaps.replace(layer_cls, "__init__", _wrap_init(layer_cls.__init__))
     _swaps.replace(layer_cls, "forward", _wrap_forward(layer_cls.forward))
     add_compile_key(NAME, _swaps, f"min_tokens={cfg.mc2_min_tokens}")
+    return ACTIVE
 
 
 def revert() -> None:

@@ -36,13 +36,14 @@ Remove when vLLM fuses RowParallelLinear's matmul and all-reduce for large steps
 from __future__ import annotations
 
 import logging
-import threading
 import weakref
 
 import torch
 
+from rollout_ext.modules import ACTIVE
 from rollout_ext.patches._base import PatchError, Swaps, require_signature, require_vllm
 from rollout_ext.patches._compile_key import add_compile_key
+from rollout_ext.patches._counters import Counters
 
 NAME = "mc2_row_parallel"
 LAYER_NAME = "RowParallelLinear"
@@ -53,27 +54,16 @@ _swaps = Swaps(NAME)
 _state: dict = {"applied": False, "previous": None, "min_tokens": None}
 # prefix -> weak reference to the layer; the custom op takes the prefix (ops cannot take modules).
 _layers: dict[str, weakref.ref] = {}
-_counts = {"calls": 0, "fused": 0}
-_counts_lock = threading.Lock()
+# Calls through the dispatch in this process, and how many took the fused path.
+COUNTERS = Counters("calls", "fused")
 _op_defined = False
 
 
-def counts() -> dict[str, int]:
-    """Calls through the dispatch in this process, and how many took the fused path."""
-    with _counts_lock:
-        return dict(_counts)
-
-
-def reset_counts() -> None:
-    with _counts_lock:
-        _counts.update(calls=0, fused=0)
-
-
 def _record(fused: bool, num_tokens: int) -> None:
-    with _counts_lock:
-        _counts["calls"] += 1
-        _counts["fused"] += int(fused)
-        calls, fused_calls = _counts["calls"], _counts["fused"]
+    COUNTERS.add("calls")
+    COUNTERS.add("fused", int(fused))
+    counts = COUNTERS.read()
+    calls, fused_calls = counts["calls"], counts["fused"]
     # Powers of two: the log shows the dispatch keeps running without one line per call.
     if calls & (calls - 1) == 0:
         logger.info(
@@ -183,9 +173,9 @@ def check_upstream(row_cls: type, pluggable_cls: type) -> None:
     require_signature(NAME, row_cls.__init__, ["input_size", "output_size", "bias", "input_is_parallel"])
 
 
-def apply(cfg) -> None:
+def apply(cfg) -> str:
     if _state["applied"]:
-        return
+        return ACTIVE
     require_vllm(NAME)
     from vllm.model_executor.custom_op import PluggableLayer, op_registry_oot
     from vllm.model_executor.layers.linear import RowParallelLinear
@@ -197,6 +187,7 @@ def apply(cfg) -> None:
     RowParallelLinear.register_oot(layer_cls, name=LAYER_NAME)
     add_compile_key(NAME, _swaps, f"min_tokens={cfg.mc2_min_tokens}")
     _state.update(applied=True, previous=previous, min_tokens=cfg.mc2_min_tokens)
+    return ACTIVE
 
 
 def revert() -> None:

@@ -35,6 +35,7 @@ import inspect
 import logging
 from types import SimpleNamespace
 
+from rollout_ext.modules import ACTIVE
 from rollout_ext.patches._ascend import require_vllm_linear_forward
 from rollout_ext.patches._base import PatchError, Swaps, require_signature, require_vllm
 from rollout_ext.patches._compile_key import add_compile_key
@@ -186,9 +187,9 @@ def _attention_targets() -> list[tuple[object, type]]:
     return targets
 
 
-def apply(cfg) -> None:
+def apply(cfg) -> str:
     if _swaps.applied:
-        return
+        return ACTIVE
     require_vllm(NAME)
     from vllm.config import ModelConfig
 
@@ -201,6 +202,7 @@ def apply(cfg) -> None:
     for method in ("get_num_attention_heads", "get_num_kv_heads"):
         _swaps.replace(ModelConfig, method, _per_rank_heads(getattr(ModelConfig, method)))
     add_compile_key(NAME, _swaps, "v1")
+    return ACTIVE
 
 
 def revert() -> None:

@@ -36,8 +36,8 @@ rotates the runner's positions (true for decoder-only models such as Qwen2 and L
 stays off (fallback everywhere) when speculative decoding is configured, because get_rope shares
 rotary modules between the target and the drafter, which runs other positions.
 
-Counters: `counters()` gives step gathers, per-layer (fallback) gathers and forwards, counted by a
-torch.library custom op that mutates a CPU tensor, so counting also works inside compiled graphs.
+Counters: `COUNTERS` counts step gathers, per-layer (fallback) gathers and forwards; the fallback
+count sits inside the compiled graph, so apply() defines the counting op (patches/_counters.py).
 
 Undo: revert() restores the three originals. Modules built while patched keep their (unused)
 buffer; their forward is vLLM's again.
@@ -53,64 +53,25 @@ import weakref
 
 import torch
 
+from rollout_ext.modules import ACTIVE
 from rollout_ext.patches._base import Swaps, require_signature, require_vllm
+from rollout_ext.patches._context import get_context, step_context
+from rollout_ext.patches._counters import Counters, define_op
 
 NAME = "rope_cache"
 STEP_BUFFER = "rollout_ext_step_cos_sin"
-COUNTER_SLOTS = ("step_gathers", "layer_gathers", "forwards")
 
 logger = logging.getLogger("vllm.rollout_ext")
 _swaps = Swaps(NAME)
+# Gathers into the step buffers, per-layer (fallback) gathers, forwards; shared with rope_cache_ascend.
+COUNTERS = Counters("step_gathers", "layer_gathers", "forwards")
 _originals: dict[str, object] = {}
 # The rotary function used by patched layers; chosen once at apply() so compiled code never asks
 # whether torch_npu imports.
 _rotate = None
 
-
-class _Step:
-    """The positions tensor of the forward now running (eager identity check)."""
-
-    positions: torch.Tensor | None = None
-
-
-_step = _Step()
 # model -> its modules with a step buffer, found once per model.
 _step_modules: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-# ---------------------------------------------------------------- counters (compile-safe)
-
-_counts = torch.zeros(len(COUNTER_SLOTS), dtype=torch.int64)
-
-
-@functools.cache
-def _count_op():
-    """Defined on first use, so importing this module registers nothing with torch."""
-
-    @torch.library.custom_op("rollout_ext::rope_count", mutates_args=("counts",))
-    def rope_count(counts: torch.Tensor, slot: int, amount: int) -> None:
-        counts[slot] += amount
-
-    return torch.ops.rollout_ext.rope_count
-
-
-def count(slot: str, amount: int = 1) -> None:
-    """Add to a counter; safe inside code that torch.compile traces. The op must exist first
-    (apply() and enable_counting() define it)."""
-    torch.ops.rollout_ext.rope_count(_counts, COUNTER_SLOTS.index(slot), amount)
-
-
-def enable_counting() -> None:
-    """Define the counter op (idempotent); for callers that count without applying the patch."""
-    _count_op()
-
-
-def counters() -> dict[str, int]:
-    return {slot: int(v) for slot, v in zip(COUNTER_SLOTS, _counts.tolist())}
-
-
-def reset_counters() -> None:
-    _counts.zero_()
 
 
 def is_applied() -> bool:
@@ -196,8 +157,8 @@ def gather_step(modules, positions: torch.Tensor) -> None:
                 f"{buffer.shape[0]} (max_num_batched_tokens)"
             )
         torch.index_select(module.cos_sin_cache, 0, flat, out=buffer[:num_tokens])
-    count("step_gathers", len(modules))
-    count("forwards")
+    COUNTERS.add("step_gathers", len(modules))
+    COUNTERS.add("forwards")
 
 
 @contextlib.contextmanager
@@ -208,11 +169,8 @@ def rope_step(model: torch.nn.Module, positions: torch.Tensor | None):
         yield
         return
     gather_step(modules, positions)
-    _step.positions = positions
-    try:
+    with step_context(rope_positions=positions):
         yield
-    finally:
-        _step.positions = None
 
 
 def _step_cos_sin(module, positions: torch.Tensor):
@@ -222,7 +180,7 @@ def _step_cos_sin(module, positions: torch.Tensor):
         return None
     # Under torch.compile this branch is decided at trace time (see the header); in eager mode the
     # buffer is trusted only for the positions the runner gathered it for.
-    if not torch.compiler.is_compiling() and positions is not _step.positions:
+    if not torch.compiler.is_compiling() and positions is not get_context().rope_positions:
         return None
     return buffer[: positions.shape[0]]
 
@@ -233,7 +191,7 @@ def _step_cos_sin(module, positions: torch.Tensor):
 def rope_forward(self, positions, query, key=None):
     cos_sin = _step_cos_sin(self, positions)
     if cos_sin is None:
-        count("layer_gathers")
+        COUNTERS.add("layer_gathers")
         return _originals["forward"](self, positions, query, key)
     cos, sin = cos_sin.chunk(2, dim=-1)
     return _rotate(
@@ -287,10 +245,10 @@ def check_upstream(rope, runner) -> None:
     )
 
 
-def apply(cfg) -> None:
+def apply(cfg) -> str:
     global _rotate
     if _swaps.applied:
-        return
+        return ACTIVE
     require_vllm(NAME)
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -300,7 +258,7 @@ def apply(cfg) -> None:
 
     rope = _rope_class()
     check_upstream(rope, GPUModelRunner)
-    enable_counting()
+    define_op()
     _rotate = apply_rotary_npu if npu_available() else _rotate_reference
     _originals["forward"] = _swaps.replace(rope, "forward", rope_forward)
     _originals["__init__"] = _swaps.replace(rope, "__init__", _wrap_init(rope.__init__))
@@ -309,6 +267,7 @@ def apply(cfg) -> None:
     )
     # The compiled graph differs with the patch on: keep vLLM's compile cache keys apart.
     add_compile_key(NAME, _swaps, "v1")
+    return ACTIVE
 
 
 def revert() -> None:

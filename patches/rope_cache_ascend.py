@@ -40,10 +40,13 @@ import importlib
 
 import torch
 
+from rollout_ext.modules import ACTIVE
 from rollout_ext.patches import rope_cache
 from rollout_ext.patches._ascend import ascend_label, require_call, require_hook, require_own, require_params
 from rollout_ext.patches._base import PatchError, Swaps, require_vllm
 from rollout_ext.patches._compile_key import add_compile_key
+from rollout_ext.patches._context import get_context, reset_context, set_context
+from rollout_ext.patches._counters import define_op
 
 NAME = "rope_cache_ascend"
 ROPE_MODULE = "vllm_ascend.ops.rotary_embedding"
@@ -55,14 +58,6 @@ HEAD_SIZES = (64, 128)
 _swaps = Swaps(NAME)
 _hooks: dict[str, object] = {}
 
-
-class _Step:
-    """The positions tensor the runner last gathered cos/sin for (eager identity check)."""
-
-    positions: torch.Tensor | None = None
-
-
-_step = _Step()
 
 
 def _rope_module():
@@ -92,7 +87,7 @@ def _step_cos_sin(layer, positions, query, key, offsets, is_neox_style_override)
     rope = _rope_module()
     if query.dtype != rope._cos.dtype or key.dtype != query.dtype:
         return None
-    if not torch.compiler.is_compiling() and positions is not _step.positions:
+    if not torch.compiler.is_compiling() and positions is not get_context().rope_positions:
         return None
     num_tokens = query.shape[0]
     return rope._cos[:, :num_tokens], rope._sin[:, :num_tokens]
@@ -108,7 +103,7 @@ def _wrap_forward_oot(original):
     def forward_oot(self, positions, query, key, offsets=None, is_neox_style_override=None):
         cos_sin = _step_cos_sin(self, positions, query, key, offsets, is_neox_style_override)
         if cos_sin is None:
-            rope_cache.count("layer_gathers")
+            rope_cache.COUNTERS.add("layer_gathers")
             return original(self, positions, query, key, offsets, is_neox_style_override)
         return rotate(query, key, *cos_sin, head_size=self.head_size)
 
@@ -130,9 +125,9 @@ def _wrap_update(original):
         original(positions)
         rope = _rope_module()
         if rope._cos is not None and rope._cos_sin_cache is not None:
-            _step.positions = positions
-            rope_cache.count("step_gathers")
-            rope_cache.count("forwards")
+            set_context(rope_positions=positions)
+            rope_cache.COUNTERS.add("step_gathers")
+            rope_cache.COUNTERS.add("forwards")
 
     return update_cos_sin
 
@@ -163,12 +158,12 @@ def check_upstream():
     return rope_cls, rope_module, runner_module
 
 
-def apply(cfg) -> None:
+def apply(cfg) -> str:
     if _swaps.applied:
-        return
+        return ACTIVE
     require_vllm(NAME)
     rope_cls, rope_module, runner_module = check_upstream()
-    rope_cache.enable_counting()
+    define_op()
     _hooks["rope_module"] = rope_module
     update = _wrap_update(rope_module.update_cos_sin)
     _swaps.replace(rope_cls, "__init__", _wrap_init(rope_cls.__init__))
@@ -176,9 +171,10 @@ def apply(cfg) -> None:
     _swaps.replace(runner_module, "update_cos_sin", update)
     # The compiled graph differs with the patch on: keep vLLM's compile cache keys apart.
     add_compile_key(NAME, _swaps, "v1")
+    return ACTIVE
 
 
 def revert() -> None:
     _swaps.revert()
     _hooks.clear()
-    _step.positions = None
+    reset_context("rope_positions")

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import math
 
+from rollout_ext.modules import ACTIVE
 from rollout_ext.patches._base import PatchError, Swaps, require_signature, require_vllm
+from rollout_ext.patches._counters import Counters
 
 NAME = "tail_drafting"
 _swaps = Swaps(NAME)
@@ -75,28 +77,16 @@ def _wrap(original):
         finally:
             self.num_speculative_tokens = configured
         caps = draft_caps(num_speculative_tokens, _output_lens(input_batch, len(drafts)))
-        counts.steps += 1
-        counts.drafted_steps += num_speculative_tokens > 0
-        counts.draft_tokens += sum(min(len(d), c) for d, c in zip(drafts, caps))
+        COUNTERS.add("steps")
+        COUNTERS.add("drafted_steps", int(num_speculative_tokens > 0))
+        COUNTERS.add("draft_tokens", sum(min(len(d), c) for d, c in zip(drafts, caps)))
         return [list(d[:c]) for d, c in zip(drafts, caps)]
 
     return propose
 
 
-class _Counts:
-    """Per process: proposer steps, steps with K > 0, draft tokens proposed."""
-
-    def __init__(self):
-        self.reset()
-
-    def reset(self) -> None:
-        self.steps = self.drafted_steps = self.draft_tokens = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return {"steps": self.steps, "drafted_steps": self.drafted_steps, "draft_tokens": self.draft_tokens}
-
-
-counts = _Counts()
+# Per process: proposer steps, steps with K > 0, draft tokens proposed.
+COUNTERS = Counters("steps", "drafted_steps", "draft_tokens")
 
 
 def _require_arctic() -> None:
@@ -126,9 +116,9 @@ def check_upstream() -> None:
                          f"(missing hook); this binding needs updating")
 
 
-def apply(cfg=None) -> bool:
+def apply(cfg=None) -> str:
     if _swaps.applied:
-        return True
+        return ACTIVE
     require_vllm(NAME)
     _require_arctic()
     from rollout_ext.patches._ascend import calls_named
@@ -141,9 +131,9 @@ def apply(cfg=None) -> bool:
                          f"cache's speculate (vllm {require_vllm(NAME)}); the upstream code moved")
     check_upstream()
     _swaps.replace(SuffixDecodingProposer, "propose", _wrap(original))
-    return True
+    return ACTIVE
 
 
 def revert() -> None:
     _swaps.revert()
-    counts.reset()
+    COUNTERS.reset()

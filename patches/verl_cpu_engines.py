@@ -13,6 +13,7 @@ Remove when verl registers a CPU engine itself.
 
 from __future__ import annotations
 
+from rollout_ext.modules import ACTIVE, INERT
 from rollout_ext.patches._verl import require_verl
 from rollout_ext.verl import cpu_platform
 
@@ -21,11 +22,11 @@ BACKENDS = ("fsdp", "fsdp2")
 _added: list[tuple[dict, str]] = []
 
 
-def apply(cfg=None) -> bool:
+def apply(cfg=None) -> str:
     if _added:
-        return True
+        return ACTIVE
     if not cpu_platform.selected():
-        return False
+        return INERT
     require_verl(NAME)
     import verl.workers.engine.fsdp.transformer_impl  # noqa: F401  (its decorators fill the registry)
     from verl.workers.engine.base import EngineRegistry
@@ -36,7 +37,7 @@ def apply(cfg=None) -> bool:
             if registry is not None and "cuda" in registry and "cpu" not in registry:
                 registry["cpu"] = registry["cuda"]
                 _added.append((registry, "cpu"))
-    return True
+    return ACTIVE
 
 
 def revert() -> None:

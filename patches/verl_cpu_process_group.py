@@ -10,6 +10,7 @@ Upstream: none. Undo: revert(). Remove when verl builds the backend string witho
 
 from __future__ import annotations
 
+from rollout_ext.modules import INERT
 from rollout_ext.patches._base import Wrap
 from rollout_ext.patches._verl import signature
 from rollout_ext.verl import cpu_platform
@@ -29,5 +30,5 @@ _patch = Wrap("verl_cpu_process_group", "verl.utils.distributed", "initialize_gl
 revert = _patch.revert
 
 
-def apply(cfg=None) -> bool:
-    return cpu_platform.selected() and _patch.apply()
+def apply(cfg=None) -> str:
+    return _patch.apply() if cpu_platform.selected() else INERT

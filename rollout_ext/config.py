@@ -31,27 +31,9 @@ class ConfigError(ValueError):
     """A bad value in the environment, or features that cannot run together."""
 
 
-class ExtConfig(msgspec.Struct, frozen=True, kw_only=True):
-    # Gather rope cos/sin once per forward instead of once per decoder layer.
-    rope_cache: bool = True
-    # Fuse RowParallelLinear's matmul and all-reduce (torch_npu.npu_mm_all_reduce_base).
-    mc2: bool = False
-    # Fuse only when a step has at least this many tokens (the op is meant for prefill).
-    mc2_min_tokens: int = 256
-    # Split all-reduce into reduce-scatter + all-gather around RMSNorm.
-    flashcomm: bool = False
-    # Use flashcomm only when a step has at least this many tokens.
-    flashcomm_min_tokens: int = 256
-    # Replicate attention on every TP rank; shard only the MLP.
-    mlp_only_tp: bool = False
-    # Prefill attention through the ATB FlashAttention-v2 op (NPU only; needs chunked prefill off).
-    fav2: bool = False
-    # Suffix drafting in the tail only (arctic-inference's suffix trees; patches/tail_drafting.py).
-    tail_drafting: bool = False
-    # Draft tokens per step for the longest-running sequence while drafting.
-    draft_tokens: int = 8
-    # Drafting runs while at most this many sequences run on the replica, and stops above it.
-    tail_batch_seqs: int = 16
+class _Config(msgspec.Struct, frozen=True, kw_only=True):
+    """ExtConfig without the module fields, which come from the module table (see ExtConfig)."""
+
     # Fail when a patch cannot be applied; with 0, log it and leave vLLM unpatched.
     strict: bool = True
     # This replica's weights are synced from a trainer (rollout_ext's verl replica sets it for
@@ -149,6 +131,21 @@ class ExtConfig(msgspec.Struct, frozen=True, kw_only=True):
         return env
 
 
+# The module switches and their settings are fields of the one config, built from the module table:
+# `rope_cache: bool = True`, `mc2: bool = False`, `mc2_min_tokens: int = 256`, ... (rollout_ext.modules).
+ExtConfig = msgspec.defstruct(
+    "ExtConfig",
+    [
+        *((module.name, bool, module.default) for module in modules.MODULES),
+        *((setting.name, int, setting.default) for setting in modules.settings()),
+    ],
+    bases=(_Config,),
+    module=__name__,
+    frozen=True,
+    kw_only=True,
+)
+
+
 def _format(value) -> str:
     return str(int(value)) if isinstance(value, bool) else str(value)
 
@@ -185,13 +182,10 @@ def _expansion_mode(name: str, raw: str) -> str:
 
 
 # (field, parser) for every ROLLOUT_EXT_<FIELD> variable.
-# The module switches come from the module table (each is a bool field of ExtConfig).
+# The module switches and settings come from the module table.
 _SWITCHES: list[tuple[str, Callable[[str, str], object]]] = [
     *((name, _bool) for name in modules.NAMES),
-    ("mc2_min_tokens", _positive_int),
-    ("flashcomm_min_tokens", _positive_int),
-    ("draft_tokens", _positive_int),
-    ("tail_batch_seqs", _positive_int),
+    *((setting.name, _positive_int) for setting in modules.settings()),
     ("strict", _bool),
     ("weight_sync", _bool),
     ("graph_mode", _bool),

@@ -1,6 +1,7 @@
 """The plugin's modules: one record each. Everything else derives from this table.
 
-A record names the module's switch (the ExtConfig field of the same name, ROLLOUT_EXT_<NAME>),
+A record names the module's switch (the ExtConfig field of the same name, ROLLOUT_EXT_<NAME>) with
+its default, the module's own settings (ExtConfig fields too),
 the patch that binds it on each stack and what that patch hooks there, or why it does not bind
 there; whether it is NPU-only, whether it does anything at tensor_parallel_size=1, and which other
 modules it cannot run with. Config, the patch selection, the status line, doctor, the check CLI,
@@ -35,10 +36,27 @@ class Binding(msgspec.Struct, frozen=True, kw_only=True):
     refusal: str = ""
 
 
+class Setting(msgspec.Struct, frozen=True, kw_only=True):
+    """A module's own positive-integer setting: the ExtConfig field `name`, ROLLOUT_EXT_<NAME>."""
+
+    name: str
+    default: int
+    summary: str
+    # A step size in tokens below which the module stands aside (bench --min-tokens sets each one).
+    min_tokens: bool = False
+
+    @property
+    def variable(self) -> str:
+        return f"ROLLOUT_EXT_{self.name.upper()}"
+
+
 class Module(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     summary: str
     stacks: dict[str, Binding]
+    # The switch's value when ROLLOUT_EXT_<NAME> is unset.
+    default: bool = False
+    settings: tuple[Setting, ...] = ()
     npu_only: bool = False
     # Does nothing at tensor_parallel_size=1.
     needs_tp: bool = False
@@ -82,6 +100,7 @@ MODULES: tuple[Module, ...] = (
     Module(
         name="rope_cache",
         summary="rope cos/sin gathered once per step, not once per layer",
+        default=True,
         stacks={
             "vllm": Binding(
                 patch="rope_cache",
@@ -106,6 +125,8 @@ MODULES: tuple[Module, ...] = (
             "ascend-main": _ASCEND_MC2,
             "ascend-0.23": _ASCEND_MC2,
         },
+        settings=(Setting(name="mc2_min_tokens", default=256, min_tokens=True,
+                          summary="fuse only steps of at least this many tokens (the op is meant for prefill)"),),
         needs_tp=True,
         conflicts=(
             ("flashcomm", "both replace the all-reduce after RowParallelLinear. Keep one: mc2 for TP8 "
@@ -149,6 +170,8 @@ MODULES: tuple[Module, ...] = (
                 "(VLLM_ASCEND_ENABLE_FLASHCOMM1), whose sequence-parallel linear ops this has not been "
                 "checked against")),
         },
+        settings=(Setting(name="flashcomm_min_tokens", default=256, min_tokens=True,
+                          summary="shard only steps of at least this many tokens"),),
         needs_tp=True,
         conflicts=(
             ("mlp_only_tp", "flashcomm shards tokens across ranks, and MLP-only TP's replicated attention "
@@ -220,6 +243,11 @@ MODULES: tuple[Module, ...] = (
                 "without the step's draft count (AscendSuffixDecodingProposer.propose: "
                 "super().propose(input_batch, sampled_token_ids)), so no batch-size schedule reaches it")),
         },
+        settings=(
+            Setting(name="draft_tokens", default=8, summary="draft tokens per step for the longest-running sequence"),
+            Setting(name="tail_batch_seqs", default=16,
+                    summary="drafting runs while at most this many sequences run on the replica"),
+        ),
         drafts=True,
     ),
 )
@@ -232,6 +260,11 @@ def get(name: str) -> Module:
     if name not in BY_NAME:
         raise KeyError(f"unknown rollout_ext module {name!r}; known: {', '.join(NAMES)}")
     return BY_NAME[name]
+
+
+def settings() -> tuple[Setting, ...]:
+    """Every module's own settings, in table order."""
+    return tuple(setting for module in MODULES for setting in module.settings)
 
 
 def aliases() -> dict[str, str]:

@@ -98,7 +98,7 @@ def apply_patches(cfg: ExtConfig, stack: str | None = None) -> tuple[list[str], 
             if not cfg.strict:
                 logger.error("rollout_ext: %s; leaving vLLM unpatched for %s (ROLLOUT_EXT_STRICT=0)", e, name)
             continue
-        if result is not False:  # False: the patch has nothing to do in this process
+        if result == modules.ACTIVE:
             applied.append(name)
 
     for module in modules.MODULES:
@@ -115,9 +115,9 @@ def apply_patches(cfg: ExtConfig, stack: str | None = None) -> tuple[list[str], 
             except patches.PatchError as e:
                 state, detail = modules.REFUSED, _refusal(module, stack, str(e))
             else:
-                applied.append(binding.patch)
-                if result in (modules.UPSTREAM, modules.INERT):
-                    state = result
+                state = result
+                if state == modules.ACTIVE:
+                    applied.append(binding.patch)
         if state == modules.REFUSED:
             failures.append(detail)
             if not cfg.strict:

@@ -1,8 +1,8 @@
 """Reads rope gather counters from engine workers (through `LLM.collective_rpc`).
 
 With rope_cache applied the patch counts its own gathers and forwards. Without it, `install` wraps
-each rotary module's dispatched forward and the runner's `_model_forward` so that the same counter
-op counts vLLM's own per-layer gathers. That wrapping happens after the engine has started, so it
+each rotary module's dispatched forward and the runner's `_model_forward` so that the same counters
+count vLLM's own per-layer gathers. That wrapping happens after the engine has started, so it
 sees eager forwards only: a compiled graph was traced before and never calls Python rotary code
 again (its unpatched count reads 0 gathers and is reported as not measured).
 """
@@ -14,7 +14,7 @@ def _count_calls(original, slot: str):
     from rollout_ext.patches import rope_cache
 
     def counted(*args, **kwargs):
-        rope_cache.count(slot)
+        rope_cache.COUNTERS.add(slot)
         return original(*args, **kwargs)
 
     return counted
@@ -26,8 +26,7 @@ def install(worker) -> int:
 
     from rollout_ext.patches import rope_cache
 
-    rope_cache.enable_counting()
-    rope_cache.reset_counters()
+    rope_cache.COUNTERS.reset()
     if rope_cache.is_applied():
         return 0
     runner = worker.model_runner
@@ -41,7 +40,7 @@ def install(worker) -> int:
 def read(worker) -> dict:
     from rollout_ext.patches import rope_cache
 
-    found = rope_cache.counters()
+    found = rope_cache.COUNTERS.read()
     found["patched"] = rope_cache.is_applied()
     forwards = found["forwards"]
     gathers = found["step_gathers"] + found["layer_gathers"]

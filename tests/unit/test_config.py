@@ -157,3 +157,20 @@ def test_every_module_record_is_a_switch_of_the_config():
             assert (binding.patch is None) != (binding.refusal == ""), (module.name, stack)
         cfg = ExtConfig.from_env({module.switch: "1", **{m.switch: "0" for m in modules.MODULES if m is not module}})
         assert cfg.enabled_modules == [module.name]
+
+
+def test_module_switches_and_settings_come_from_the_module_table():
+    from rollout_ext import modules
+
+    cfg = ExtConfig()
+    for module in modules.MODULES:
+        assert getattr(cfg, module.name) is module.default, module.name
+        flipped = ExtConfig.from_env({module.switch: "0" if module.default else "1"})
+        assert getattr(flipped, module.name) is not module.default
+    assert [s.name for s in modules.settings()] == ["mc2_min_tokens", "flashcomm_min_tokens", "draft_tokens",
+                                                    "tail_batch_seqs"]
+    for setting in modules.settings():
+        assert getattr(cfg, setting.name) == setting.default
+        assert getattr(ExtConfig.from_env({setting.variable: "3"}), setting.name) == 3
+        with pytest.raises(ConfigError, match=f"{setting.variable}='0' is not allowed; use an integer >= 1"):
+            ExtConfig.from_env({setting.variable: "0"})

@@ -35,7 +35,7 @@ def test_float_temperatures_expand_per_token_only_with_the_patch():
     # Control: vLLM's own CPU kernel loses the result (and would truncate 0.7 to 0 on the way).
     broken = _expand(cpu_triton_utils.expand_kernel, temperature, cu)
     assert not torch.equal(broken, want), broken
-    assert cpu_spec_sampling.apply() is True
+    assert cpu_spec_sampling.apply() == "active"
     try:
         fixed = _expand(cpu_triton_utils.expand_kernel, temperature, cu)
         torch.testing.assert_close(fixed, want, rtol=0, atol=0)

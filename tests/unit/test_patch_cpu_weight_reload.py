@@ -27,7 +27,7 @@ def test_synced_cpu_replica_keeps_a_reloadable_weight():
         stock = _loaded_layer()
         assert stock.weight.numel() == 0 and not hasattr(stock.weight, "weight_loader")
 
-        assert cpu_weight_reload.apply(ExtConfig.from_env({"ROLLOUT_EXT_WEIGHT_SYNC": "1"})) is True
+        assert cpu_weight_reload.apply(ExtConfig.from_env({"ROLLOUT_EXT_WEIGHT_SYNC": "1"})) == "active"
         try:
             layer = _loaded_layer()
             assert layer.weight.shape == (32, 64) and hasattr(layer.weight, "weight_loader")
@@ -43,5 +43,5 @@ def test_synced_cpu_replica_keeps_a_reloadable_weight():
 
 
 def test_not_applied_without_weight_sync():
-    assert cpu_weight_reload.apply(ExtConfig.from_env({})) is False
+    assert cpu_weight_reload.apply(ExtConfig.from_env({})) == "inert"
     assert not hasattr(UnquantizedLinearMethod.process_weights_after_loading, "__wrapped__")

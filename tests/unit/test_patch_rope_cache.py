@@ -135,17 +135,17 @@ def test_patched_rope_equals_vllm_bit_for_bit_with_one_gather(patched, case):
     model = Layers(rope)
     positions, queries, keys = inputs(37, head_size, max_position)
 
-    rope_cache.reset_counters()
+    rope_cache.COUNTERS.reset()
     with rope_cache.rope_step(model, positions):
         outs = model(positions, queries, keys)
-    assert rope_cache.counters() == {"step_gathers": 1, "layer_gathers": 0, "forwards": 1}
+    assert rope_cache.COUNTERS.read() == {"step_gathers": 1, "layer_gathers": 0, "forwards": 1}
     for (q, k), (q_ref, k_ref) in zip(outs, (reference(rope, positions, q, k) for q, k in zip(queries, keys))):
         assert torch.equal(q, q_ref) and torch.equal(k, k_ref)
 
     # Unpatched path, counted by the same counter: outside a step every layer gathers for itself.
-    rope_cache.reset_counters()
+    rope_cache.COUNTERS.reset()
     fallback = model(positions, queries, keys)
-    assert rope_cache.counters()["layer_gathers"] == NUM_LAYERS
+    assert rope_cache.COUNTERS.read()["layer_gathers"] == NUM_LAYERS
     for (q, k), (q_ref, k_ref) in zip(fallback, outs):
         torch.testing.assert_close(q, q_ref, rtol=0, atol=1e-5)  # vLLM's CPU kernel vs native math
         torch.testing.assert_close(k, k_ref, rtol=0, atol=1e-5)
@@ -156,11 +156,11 @@ def test_two_tables_in_one_process_never_share_a_gather(patched):
     rope_b = make_rope(64, 32, False, 5e5, 4202)
     model = Layers(rope_a, rope_b)
     positions, queries, keys = inputs(29, 64, 4201, seed=1)
-    rope_cache.reset_counters()
+    rope_cache.COUNTERS.reset()
     with rope_cache.rope_step(model, positions):
         outs = model(positions, queries, keys)
-    assert rope_cache.counters()["step_gathers"] == 2
-    assert rope_cache.counters()["layer_gathers"] == 0
+    assert rope_cache.COUNTERS.read()["step_gathers"] == 2
+    assert rope_cache.COUNTERS.read()["layer_gathers"] == 0
     for i, ((q, k), q_in, k_in) in enumerate(zip(outs, queries, keys)):
         rope = (rope_a, rope_b)[i % 2]
         q_ref, k_ref = reference(rope, positions, q_in, k_in)
@@ -172,10 +172,10 @@ def test_other_positions_fall_back_in_eager(patched):
     model = Layers(rope)
     positions, queries, keys = inputs(11, 64, 4301, seed=2)
     other = positions.flip(0)
-    rope_cache.reset_counters()
+    rope_cache.COUNTERS.reset()
     with rope_cache.rope_step(model, positions):
         q, k = rope(other, queries[0], keys[0])  # not the step's positions: must not use its rows
-    assert rope_cache.counters()["layer_gathers"] == 1
+    assert rope_cache.COUNTERS.read()["layer_gathers"] == 1
     q_ref, k_ref = reference(rope, other, queries[0], keys[0])
     torch.testing.assert_close(q, q_ref, rtol=0, atol=1e-5)
     torch.testing.assert_close(k, k_ref, rtol=0, atol=1e-5)
@@ -187,10 +187,10 @@ def test_compiled_graph_reads_the_step_buffer_at_run_time(patched):
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager", dynamic=True)
     for seed, num_tokens in ((3, 17), (4, 17), (5, 23)):
         positions, queries, keys = inputs(num_tokens, 64, 4401, seed=seed)
-        rope_cache.reset_counters()
+        rope_cache.COUNTERS.reset()
         with rope_cache.rope_step(model, positions):
             outs = compiled(positions, queries, keys)
-        assert rope_cache.counters() == {"step_gathers": 1, "layer_gathers": 0, "forwards": 1}
+        assert rope_cache.COUNTERS.read() == {"step_gathers": 1, "layer_gathers": 0, "forwards": 1}
         for (q, k), q_in, k_in in zip(outs, queries, keys):
             q_ref, k_ref = reference(rope, positions, q_in, k_in)
             assert torch.equal(q, q_ref) and torch.equal(k, k_ref)
@@ -203,10 +203,10 @@ def test_counter_counts_inside_compiled_code(patched):
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     positions, queries, keys = inputs(9, 64, 4501, seed=6)
     compiled(positions, queries, keys)
-    rope_cache.reset_counters()
+    rope_cache.COUNTERS.reset()
     compiled(positions, queries, keys)
     compiled(positions, queries, keys)
-    assert rope_cache.counters()["layer_gathers"] == 2 * NUM_LAYERS
+    assert rope_cache.COUNTERS.read()["layer_gathers"] == 2 * NUM_LAYERS
 
 
 def test_subclass_with_other_math_is_left_alone(patched):

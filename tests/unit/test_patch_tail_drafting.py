@@ -78,7 +78,7 @@ def test_a_step_with_fewer_drafts_than_configured_runs_only_with_the_patch():
     # Control: vLLM asserts that the step's K is the configured one.
     with pytest.raises(AssertionError):
         _propose(_proposer(8), 4)
-    assert tail_drafting.apply() is True
+    assert tail_drafting.apply() == "active"
     try:
         drafts = _propose(_proposer(8), 4)
         # The longest-running row gets the step's 4; the other ran 9 of 36 tokens: ceil(4 / 4) = 1.
@@ -88,7 +88,7 @@ def test_a_step_with_fewer_drafts_than_configured_runs_only_with_the_patch():
         proposer = _proposer(8)
         assert _propose(proposer, 0) == [[], []]
         assert set(proposer.suffix_cache.active_requests) == {"r0", "r1"}
-        assert tail_drafting.counts.as_dict() == {"steps": 3, "drafted_steps": 2, "draft_tokens": 4 + 1 + 8 + 2}
+        assert tail_drafting.COUNTERS.read() == {"steps": 3, "drafted_steps": 2, "draft_tokens": 4 + 1 + 8 + 2}
     finally:
         tail_drafting.revert()
     with pytest.raises(AssertionError):

@@ -123,7 +123,7 @@ def worker(rank: int, port: int) -> None:
         group = get_tp_group()
         shard_rows = []
         for x, want in zip(ids, expected):
-            flashcomm.reset_counts()
+            flashcomm.COUNTERS.reset()
             norm_rows = []
             hook = block.norms[1].register_forward_pre_hook(lambda m, a: norm_rows.append(a[0].shape[0]))
             try:
@@ -134,14 +134,14 @@ def worker(rank: int, port: int) -> None:
             assert norm_rows == [step.shard_rows], norm_rows  # the Ascend norm ran on the shard
             # One planned step; the block's own collectives (a reduce-scatter per down_proj, an
             # all-gather per gate_up_proj) and the wrapper's gather of the result.
-            assert flashcomm.counts() == {"steps": 1, "reduce_scatters": 2, "all_gathers": 3}, flashcomm.counts()
+            assert flashcomm.COUNTERS.read() == {"steps": 1, "reduce_scatters": 2, "all_gathers": 3}, flashcomm.COUNTERS.read()
             assert flashcomm.active_step() is None
             torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
             shard_rows.append(step.shard_rows)
         # Control: below the token threshold plan_step declines, and the block runs whole.
-        flashcomm.reset_counts()
+        flashcomm.COUNTERS.reset()
         torch.testing.assert_close(wrapped[16](model, ids[2], torch.arange(8)), expected[2], rtol=1e-6, atol=1e-6)
-        assert flashcomm.counts() == {"steps": 0, "reduce_scatters": 0, "all_gathers": 0}, flashcomm.counts()
+        assert flashcomm.COUNTERS.read() == {"steps": 0, "reduce_scatters": 0, "all_gathers": 0}, flashcomm.COUNTERS.read()
 
         while applied:
             patches.load(applied.pop()).revert()

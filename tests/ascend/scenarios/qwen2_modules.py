@@ -106,13 +106,14 @@ def mutate(name: str) -> None:
     from rollout_ext.ops import linear
 
     if name == "rope_never_gathers":
-        from rollout_ext.patches import rope_cache, rope_cache_ascend
+        from rollout_ext.patches import rope_cache
+        from rollout_ext.patches._context import set_context
         from vllm_ascend.worker import model_runner_v1
 
         def update_cos_sin(positions):  # records the step and counts it, but never gathers
-            rope_cache_ascend._step.positions = positions
-            rope_cache.count("step_gathers")
-            rope_cache.count("forwards")
+            set_context(rope_positions=positions)
+            rope_cache.COUNTERS.add("step_gathers")
+            rope_cache.COUNTERS.add("forwards")
 
         model_runner_v1.update_cos_sin = update_cos_sin
     elif name == "mc2_decode_only":
@@ -178,8 +179,8 @@ def worker(rank: int, port: int, tp: int, dtype_name: str, mutation: str | None 
         if mutation:
             mutate(mutation)
 
-        rope_cache.reset_counters()
-        mc2_row_parallel.reset_counts()
+        rope_cache.COUNTERS.reset()
+        mc2_row_parallel.COUNTERS.reset()
         lane.fresh_model_state(vllm_config)  # the per-step cos/sin buffers too: NaN
         patched = lane.build(vllm_config, seed=0)  # the same checkpoint, loaded again
         patched_biased = build_biased(vllm_config, weights=plain_biased.state_dict())
@@ -190,7 +191,7 @@ def worker(rank: int, port: int, tp: int, dtype_name: str, mutation: str | None 
             assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin), (
                 f"step {step}: vllm-ascend's cos/sin buffers do not hold this step's rows after update_cos_sin "
                 f"({int(torch.isnan(cos).sum())} NaN of {cos.numel()})")
-        counters = rope_cache.counters()
+        counters = rope_cache.COUNTERS.read()
         assert counters["step_gathers"] == STEPS and counters["layer_gathers"] == 0, counters
         assert patched_calls.get("npu_apply_rotary_pos_emb") == STEPS * num_layers, patched_calls
         assert "npu_mrope" not in patched_calls, patched_calls
@@ -201,7 +202,7 @@ def worker(rank: int, port: int, tp: int, dtype_name: str, mutation: str | None 
             assert fused == int(fuses and call["tokens"] >= MIN_TOKENS), f"fused calls: {call}"
         fused_expected = STEPS * (2 * num_layers + 1) if fuses else 0
         assert patched_calls.get("npu_mm_all_reduce_base", 0) == fused_expected, patched_calls
-        mc2_counts = mc2_row_parallel.counts()
+        mc2_counts = mc2_row_parallel.COUNTERS.read()
         takes = STEPS * (4 * num_layers + 2) if tp > 1 else 0
         assert mc2_counts == {"calls": takes, "fused": fused_expected}, mc2_counts
 

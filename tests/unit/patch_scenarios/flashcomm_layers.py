@@ -63,6 +63,7 @@ def worker(rank: int, port: int) -> None:
 
     from rollout_ext.config import ExtConfig
     from rollout_ext.patches import flashcomm
+    from rollout_ext.patches._context import step_context
 
     with vllm_tp_group(rank, port, WORLD_SIZE):
         try:
@@ -73,26 +74,23 @@ def worker(rank: int, port: int) -> None:
             for tokens in (1, 5, 8):
                 x = torch.randn(tokens, HIDDEN, generator=gen)
                 expected = block(x)
-                flashcomm.reset_counts()
+                flashcomm.COUNTERS.reset()
                 step = flashcomm.Step(group=group, num_tokens=tokens)
-                flashcomm._active.step = step
-                try:
+                with step_context(flashcomm_step=step):
                     sharded = block(step.shard(x))
-                finally:
-                    flashcomm._active.step = None
                 assert sharded.shape == (step.shard_rows, HIDDEN), sharded.shape
                 got = step.all_gather(sharded)
                 assert torch.equal(got, expected), (tokens, (got - expected).abs().max())
-                assert flashcomm.counts()["reduce_scatters"] == 2, flashcomm.counts()
-                assert flashcomm.counts()["all_gathers"] == 3, flashcomm.counts()
+                assert flashcomm.COUNTERS.read()["reduce_scatters"] == 2, flashcomm.COUNTERS.read()
+                assert flashcomm.COUNTERS.read()["all_gathers"] == 3, flashcomm.COUNTERS.read()
             # Inactive: the wrappers are vLLM's path (no collectives of ours), also when dynamo
             # traces them as vLLM's compiled graph does (fullgraph: no graph break allowed).
-            flashcomm.reset_counts()
+            flashcomm.COUNTERS.reset()
             compiled = torch.compile(block, fullgraph=True, dynamic=True, backend="aot_eager")
             for tokens in (3, 6):
                 x = torch.randn(tokens, HIDDEN, generator=gen)
                 torch.testing.assert_close(compiled(x), block(x), rtol=1e-5, atol=1e-5)
-            assert flashcomm.counts() == {"steps": 0, "reduce_scatters": 0, "all_gathers": 0}
+            assert flashcomm.COUNTERS.read() == {"steps": 0, "reduce_scatters": 0, "all_gathers": 0}
             print(f"rank {rank}: ok")
         finally:
             flashcomm.revert()

@@ -55,9 +55,9 @@ def worker(rank: int, port: int) -> None:
             ours, _ = layer(x)
             theirs, _ = RowParallelLinear.forward(layer, x)
             assert torch.equal(ours, theirs), (ours - theirs).abs().max()
-            assert mc2.counts() == {"calls": 1, "fused": 0}, mc2.counts()
+            assert mc2.COUNTERS.read() == {"calls": 1, "fused": 0}, mc2.COUNTERS.read()
 
-            mc2.reset_counts()
+            mc2.COUNTERS.reset()
             layer, w_full, bias, shard = build(rank, 64, 48, torch.bfloat16, gen, keep_weight=True)
             compiled = torch.compile(layer, dynamic=True, backend="aot_eager", fullgraph=True)
             fused_after = []
@@ -66,11 +66,11 @@ def worker(rank: int, port: int) -> None:
                 out, _ = compiled(x_full[:, shard].contiguous())
                 expected = F.linear(x_full.float(), w_full.float(), bias.float())
                 torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=1e-1)
-                fused_after.append(mc2.counts()["fused"])
+                fused_after.append(mc2.COUNTERS.read()["fused"])
                 if step == 0:
                     torch.compiler.set_stance("fail_on_recompile")
             assert fused_after == [0, 1, 1], fused_after
-            assert mc2.counts()["calls"] == 3, mc2.counts()
+            assert mc2.COUNTERS.read()["calls"] == 3, mc2.COUNTERS.read()
 
             mc2.revert()
             plain = RowParallelLinear(8, 8, bias=False, params_dtype=torch.float32, prefix="plain")
