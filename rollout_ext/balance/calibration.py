@@ -11,7 +11,7 @@ and P the tokens the chunk had to prefill first: the whole context on a replica 
 the sequence's KV (its first chunk, or after a move), else none (the prefix cache). `boundary` is
 what a chunk costs beyond its steps: the answer's way to the caller, the generate call, the
 engine's re-schedule, and the release's way back (on the tiny CPU replicas 20-140 ms, against a
-7-20 ms decode step; docs/router.md). It is not a property of a replica's steps, so it is kept
+7-20 ms decode step; CHANGELOG.md). It is not a property of a replica's steps, so it is kept
 beside the step model (`boundary_s`, clamped to [0, BOUNDARY_MAX_S]), with a prior of 0. All five
 are fitted together by least squares (the four step constants on the ratio to the prior,
 `StepModel`), on relative residuals: each chunk weighs by 1 / its time. On absolute times the longest chunks decide, and the

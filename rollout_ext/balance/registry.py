@@ -15,8 +15,8 @@ from rollout_ext.balance.workload import Workload, warm_history
 # or the prediction at dispatch and the true remaining length once a sequence has started.
 KNOWS = ("nothing", "prediction", "true_lengths", "hindsight")
 
-# With exact survivor lengths the shipped move rule is far too cautious (docs/router.md, "Aged remaining
-# lengths": 0.966 in hindsight with it, 0.923 with these), so the hindsight yardstick moves on small gains.
+# With exact survivor lengths the shipped move rule is far too cautious (CHANGELOG.md, 8face61:
+# 0.966 in hindsight with it, 0.923 with these), so the hindsight yardstick moves on small gains.
 HINDSIGHT_MOVES = {"move_margin": 0.003, "move_rem_factor": 1.0, "max_moves_per_request": 3}
 
 

@@ -21,7 +21,7 @@ In the simulator, on equal replicas (kv_heavy, R=128) the summed ratios spread b
 max/min, and per-chunk estimates over the last 64 chunks by up to 19% on kv_heavy R=4. Used both
 ways, the "fast" ones drew moves that stacked there: on the 48 equal-replica sweep cells tail_aware
 went from 0.949 to 0.951-0.953 (one cell +7%). Used only to avoid slow replicas, the same cell is
-unchanged, and one replica 1.5x slower is still found (docs/router.md, "Replicas of unequal speed").
+unchanged, and one replica 1.5x slower is still found (CHANGELOG.md, "Step model and replica speeds").
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Tail-aware policies: longest-predicted-first placement, and re-dispatch of stragglers at chunk boundaries.
 
 `tail_aware_placement` and `tail_aware` keep a central queue (`CentralQueuePolicy`), ordered by
-predicted total length; `tail_aware` also moves sequences at chunk boundaries. The measurements
-behind each rule, and the variants measured and dropped, are in docs/router.md ("The tail_aware
-policy").
+predicted total length; `tail_aware` also moves sequences at chunk boundaries. The rules are
+described in docs/router.md ("What the policy decides"), with the variants measured and dropped; the
+measurements behind them are in CHANGELOG.md.
 
 Placement. The head of the queue goes to the free replica with the least predicted load (KV
 resident + predicted remaining tokens).
@@ -49,7 +49,7 @@ minimises the pair's predicted makespan, if the gain beats its re-prefill (promp
 that qualify, the one holding the fewest moved sequences wins, then the least new makespan: moves
 are judged on predicted remaining lengths that the longest survivors outlive, so survivors stacked
 on one replica slow each other down there (kv_heavy, R=128, 256x16 prompts, ICC 0.85: 208.5 s
-stacked, 189.3 s spread, 197.9 s placement only; docs/router.md). Its remaining length is
+stacked, 189.3 s spread, 197.9 s placement only; CHANGELOG.md). Its remaining length is
 re-predicted conditioned on having survived g tokens, which is how stragglers are identified. The
 move is judged at `move_rem_factor` x the predicted remaining length, capped by max_tokens: the gain
 is convex in r (the longest sequence sets the step count, KV reads grow with r^2), so judging at the
@@ -126,7 +126,7 @@ class ReplicaLoad(Replica):
     expected rest hardly shrinks as it runs). Without aging, a replica's finish is overstated by up
     to a chunk of steps for every sequence between boundaries; at a boundary that many sequences
     share, the first one judged saw its neighbours a chunk stale and moved, and the next one moved
-    onto the replica it had left (docs/router.md, "Aged remaining lengths")."""
+    onto the replica it had left (CHANGELOG.md, 8face61)."""
 
     steps: float = 0.0  # decode steps this replica has run, as far as releases tell
     resident: float = 0.0  # prompt + generated of the in-flight requests, as of their last boundary

@@ -385,8 +385,8 @@ def test_the_policy_finds_the_slowed_replica_and_only_it(report):
     assert set(learned) == set(report["servers"]) and slow in learned
     # Speeds are relative to the replicas' mean beyond a 10% dead band: on two replicas a step-time
     # ratio r is learned as sqrt(r) / 1.1, so 1.8 means r >= 3.9. +200 ms keeps r far above that on a
-    # slower CI machine (+50 ms learned 1.51 in one CI run); here +200 ms learned 6.31 (docs/router.md,
-    # "On a small fleet the speeds were estimated twice a run").
+    # slower CI machine (+50 ms learned 1.51 in one CI run); here +200 ms learned 6.31 (CHANGELOG.md,
+    # "Step model and replica speeds").
     assert learned[slow] >= 1.8, learned
     assert all(speed == 1.0 for rid, speed in learned.items() if rid != slow), learned
     # What the speeds rest on, in the status: every replica timed, the slowed one far above the other.
