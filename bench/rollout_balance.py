@@ -21,30 +21,18 @@ Gap attribution (table "gap attribution" and per-row JSON fields):
   started, `critical_ms_per_token` = its observed mean step time;
 - `setup.physical_floor[R]`: how fast the longest sequences can physically go, as shares of T*.
 
-Why <= 1.10 is not reachable with this step model (default workload, 512x16, cap 20480):
-T* lets the longest sequence decode at tau_1 = 8.03 ms a token (alone, no KV read) while all
-other work runs saturated. But ~181 sequences reach >= 0.9 x cap. They all have to decode at
-about the same time near the end, sharing the R replicas. At R=16 that is >= 12 per replica
-even with no bulk beside them: 9.9 ms a step, so the capped sequences alone take 0.96 T*, and
-they cannot be alone all along: beside saturated bulk a step takes 26 ms (2.5 T* for 20K
-tokens). Reaching 1.10 at R=16 would need the capped sequences at <= ~11 ms a step for their
-whole life while the bulk still finishes by ~1.1 T* on the same 16 replicas; with
-~3.6M tokens on the capped sequences (~12% of the work) that does not fit. At R=128, T* IS the
-critical path (20480 x tau_1; share 1.000), 2 capped sequences share a replica at 8.3 ms
-(1.035 T*) and any bulk beside them adds up to 18 ms a step: 1.10 needs them nearly isolated
-from t=0, i.e. identified before they have generated anything (mean |log error| of the
-predictor at dispatch is 0.72). tail_aware_oracle's gap shows what the policy still loses with
-perfect prediction.
+The floor columns (`setup.physical_floor`) bound what any policy can reach on this step model: the
+near-cap sequences must all decode near the end, sharing R replicas, and beside saturated bulk a
+step is several times slower than alone. Reaching them needs the long sequences isolated almost from
+the start, that is, identified before they have generated anything.
 
 --real: real vLLM replicas behind the verl router (bench/balance_real.py; its own flags follow).
 
 Example:
   python bench/rollout_balance.py --sim --replicas 16,128 --json /tmp/b.json --plot /tmp/b.png
 
-Chunk size: --chunk-tokens defaults to 1024. Measured on the default workload (tail_aware,
-move_margin 0.02):
-R=16 1.622 with 1K vs 1.665 with 2K chunks; R=128 1.163 vs 1.173 (fresher predicted finish
-times for the move decision; chunks that stay on their replica are nearly free).
+Chunks: --chunk-tokens (1024) is the smallest chunk between two boundaries; finer chunks give
+the move decision fresher finish times, and a chunk that stays on its replica costs little.
 """
 
 from __future__ import annotations

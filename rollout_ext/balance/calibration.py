@@ -9,23 +9,20 @@ step model predicts the chunk's time as
 with B the replica's running batch and K its resident KV tokens (both averaged over the chunk),
 and P the tokens the chunk had to prefill first: the whole context on a replica that does not hold
 the sequence's KV (its first chunk, or after a move), else none (the prefix cache). `boundary` is
-what a chunk costs beyond its steps: the answer's way to the caller, the generate call, the
-engine's re-schedule, and the release's way back (on the tiny CPU replicas 20-140 ms, against a
-7-20 ms decode step; CHANGELOG.md). It is not a property of a replica's steps, so it is kept
-beside the step model (`boundary_s`, clamped to [0, BOUNDARY_MAX_S]), with a prior of 0. All five
-are fitted together by least squares (the four step constants on the ratio to the prior,
-`StepModel`), on relative residuals: each chunk weighs by 1 / its time. On absolute times the longest chunks decide, and the
-longest are those that also waited (a queue, a preemption). In the simulator, started from the true
-constants, that fit moved the KV constant to 0.02-5.2x the truth and prefill up to 40x; weighed,
-base lands at 0.94-1.23x, prefill 0.80-1.55x and KV 0.63-1.12x (0.15x for per_seq_heavy at R=16,
-where KV is a few percent of a step). A waiting chunk also lifts `boundary` a little: 1-5 ms in the
-simulator without a round trip. The prior decides until MIN_CHUNKS chunks have been seen;
-after that it is only a faint ridge (a twentieth of a chunk) that keeps the fit solvable. The
-batch and KV features move together, so a heavier pull towards a wrong prior would drag their
-poorly determined mix with it, and a free fit could trade one constant against the other into a
-negative value: ratios are clamped to [1/50, 50] of the prior (of the project default where the
-prior is 0). The prefill constant is the least determined: a chunk's prefill is small beside its
-decode time.
+what a chunk costs beyond its steps: the answer's way to the caller, the generate call, the engine's
+re-schedule, and the release's way back (on tiny CPU replicas several decode steps). It is not a
+property of a replica's steps, so it is kept beside the step model (`boundary_s`, clamped to [0,
+BOUNDARY_MAX_S]), with a prior of 0. All five are fitted together by least squares (the four step
+constants on the ratio to the prior, `StepModel`), on relative residuals: each chunk weighs by 1 /
+its time. On absolute times the longest chunks decide, and the longest are those that also waited (a
+queue, a preemption), which pulls the KV and prefill constants far off even from a true start;
+relative residuals keep every constant near the truth (CHANGELOG.md, "Step model and replica
+speeds"). The prior decides until MIN_CHUNKS chunks have been seen; after that it is only a faint
+ridge (a twentieth of a chunk) that keeps the fit solvable. The batch and KV features move together,
+so a heavier pull towards a wrong prior would drag their poorly determined mix with it, and a free
+fit could trade one constant against the other into a negative value: ratios are clamped to [1/50,
+50] of the prior (of the project default where the prior is 0). The prefill constant is the least
+determined: a chunk's prefill is small beside its decode time.
 
 What it does not see: time a chunk waited in a replica's own queue (vLLM's waiting list, when the
 KV is full) counts as step time, which biases the fit towards a slower replica; the weighing keeps

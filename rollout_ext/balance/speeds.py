@@ -17,11 +17,10 @@ A replica counts as slower than the others by what it differs from the mean beyo
 never as faster. Equal replicas do not come out equal: the fit's constants are off by a few to 25%
 (the batch and KV columns are nearly collinear, calibration.py), and a replica's share of KV reads
 in its steps depends on what it holds, so its ratio carries the fit's error in its own proportion.
-In the simulator, on equal replicas (kv_heavy, R=128) the summed ratios spread by up to 1.43x
-max/min, and per-chunk estimates over the last 64 chunks by up to 19% on kv_heavy R=4. Used both
-ways, the "fast" ones drew moves that stacked there: on the 48 equal-replica sweep cells tail_aware
-went from 0.949 to 0.951-0.953 (one cell +7%). Used only to avoid slow replicas, the same cell is
-unchanged, and one replica 1.5x slower is still found (CHANGELOG.md, "Step model and replica speeds").
+Used both ways,
+the "fast" ones draw moves that stack there and the sweep gets worse; used only to avoid slow
+replicas, equal replicas are unchanged and a slow one is still found (docs/router.md, "Measured and
+dropped"; the runs are in CHANGELOG.md).
 """
 
 from __future__ import annotations
