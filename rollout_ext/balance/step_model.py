@@ -178,7 +178,7 @@ STEP_MODELS = {
 # Tail drafting profiles (applied with `drafted`): K=8 drafts per sequence while at most 16 run.
 # `trained`: 1 + accepted / drafts, vLLM's counters over the tail arm of bench/drafting_real.py on the
 # trained arithmetic model's two-layer build (docs/results/spec/drafting_real_two_layer.json: 5,726
-# accepted in 3,364 drafts); the three-layer build gives 3.46, so 2.7 stays on the safe side;
+# accepted in 3,364 drafts); the three-layer build gives 3.46 (drafting_real.json), not simulated;
 # `pessimistic`: 1.5 tokens per pass.
 DRAFTING = {
     "none": None,
